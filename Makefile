@@ -1,0 +1,40 @@
+# Two commands do everything on a fresh Linux machine (see README.md):
+#   make book   -> set up .venv/, build the HTML book with every notebook executed on CPU
+#   make test   -> set up .venv/, run the library tests and every book notebook under nbval
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: book test venv check-exhaustive bench sync-notebooks clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	touch $@
+
+venv: $(STAMP)
+
+# -W: Sphinx warnings are errors; -n: nitpicky cross-references. Notebooks execute during the
+# build (book/_config.yml: execute_notebooks: force), offline, on whatever device is present.
+book: $(STAMP)
+	$(BIN)/jupyter-book build -W -n --keep-going .
+	@echo "Book built: open _build/html/index.html"
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+# Not part of `make test`: compares round_to with ml_dtypes on all 2**32 float32 inputs.
+check-exhaustive: $(STAMP)
+	$(BIN)/python tools/check_exhaustive.py
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_round_to.py
+
+# Rewrites each notebook's Colab set-up cell from the repository URL in _config.yml.
+sync-notebooks: $(STAMP)
+	$(BIN)/python tools/sync_colab_cells.py
+
+clean:
+	rm -rf _build .pytest_cache

@@ -1,0 +1,10 @@
+"""mpcourse: the small library behind the mixed-precision training course.
+
+Modules:
+    formats  -- exact floating-point formats: FloatFormat, round_to, encode/decode, describe
+    plotting -- the figure helpers the chapters share
+"""
+from mpcourse import formats
+
+__version__ = "0.1.0"
+__all__ = ["formats"]

@@ -1,0 +1,542 @@
+"""Binary floating-point formats, exactly: describe them, round to them, and look at their bits.
+
+A floating-point format spends a fixed number of bits on a sign ``s``, an exponent field ``e`` and
+a mantissa field ``m`` (``M`` bits). A *normal* number is::
+
+    (-1)**s * 2**(e - bias) * (1 + m / 2**M)
+
+and where the exponent field is zero, a *subnormal* number fills the gap down to zero evenly::
+
+    (-1)**s * 2**(1 - bias) * (m / 2**M)
+
+Everything else about a format (its largest value, its smallest, its spacing, what happens on
+overflow) follows from a handful of choices, which is all a :class:`FloatFormat` records. Every
+algorithm in this module reads those fields; none of them asks a format its name.
+
+Rounding works on the bit patterns of the input (float32, or float64 so that nothing is rounded
+twice), with vectorised integer operations in torch. NumPy input goes through the same code.
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+ROUNDING_MODES = ("nearest_even", "toward_zero", "stochastic")
+NAN_ENCODINGS = ("ieee", "all_ones", "none")
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """An immutable description of a binary floating-point format.
+
+    Args:
+        name: short name, as used by :func:`get_format` (``"fp16"``, ``"e4m3"``, ...).
+        exponent_bits, mantissa_bits: widths of the two fields (the sign bit is extra).
+        has_infinity: whether the all-ones exponent field with a zero mantissa means infinity.
+        nan: how NaN is encoded. ``"ieee"``: all-ones exponent with a non-zero mantissa (IEEE 754).
+            ``"all_ones"``: only the code with every exponent and mantissa bit set is NaN, so the
+            all-ones exponent field holds ordinary numbers too (OCP E4M3, E8M0). ``"none"``: no
+            NaN at all (OCP FP6, FP4), every code is a number.
+        signed: False for a format with no sign bit (E8M0).
+        has_subnormals: False where the all-zero exponent field is an ordinary normal exponent;
+            such a format has no zero (E8M0: its smallest code means 2**-127).
+        bias: exponent bias; defaults to the IEEE choice ``2**(exponent_bits - 1) - 1``.
+        aliases: other names :func:`get_format` accepts for this format.
+    """
+
+    name: str
+    exponent_bits: int
+    mantissa_bits: int
+    has_infinity: bool = True
+    nan: str = "ieee"
+    signed: bool = True
+    has_subnormals: bool = True
+    bias: int | None = None
+    aliases: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.nan not in NAN_ENCODINGS:
+            raise ValueError(f"nan must be one of {NAN_ENCODINGS}, got {self.nan!r}")
+        if self.bias is None:
+            object.__setattr__(self, "bias", 2 ** (self.exponent_bits - 1) - 1)
+        # round_to returns float32, so every value of the format must be a float32 value.
+        if self.max_value > float(torch.finfo(torch.float32).max) or self.min_subnormal < 2.0**-149:
+            raise ValueError(f"{self.name}: this module handles formats that fit inside float32")
+        if self.mantissa_bits > 23:
+            raise ValueError(f"{self.name}: at most 23 mantissa bits (float32's)")
+
+    # --- the layout ---------------------------------------------------------------------------
+    @property
+    def bits(self) -> int:
+        """Total width in bits, sign included."""
+        return int(self.signed) + self.exponent_bits + self.mantissa_bits
+
+    @property
+    def has_nan(self) -> bool:
+        return self.nan != "none"
+
+    @property
+    def has_zero(self) -> bool:
+        """Without subnormals the all-zero code is 2**emin, not zero."""
+        return self.has_subnormals
+
+    # --- the range ----------------------------------------------------------------------------
+    @property
+    def emin(self) -> int:
+        """Unbiased exponent of the smallest normal number."""
+        return (1 if self.has_subnormals else 0) - self.bias
+
+    @property
+    def _top_exponent_field(self) -> int:
+        """The largest exponent field that still holds finite numbers."""
+        all_ones = 2**self.exponent_bits - 1
+        if self.nan == "ieee" or self.has_infinity:
+            return all_ones - 1  # IEEE reserves the whole all-ones field for inf and NaN
+        if self.nan == "all_ones" and self.mantissa_bits == 0:
+            return all_ones - 1  # with no mantissa, the NaN code takes the whole field
+        return all_ones
+
+    @property
+    def _top_mantissa(self) -> int:
+        """The largest mantissa field at the top exponent (one less where NaN sits there)."""
+        full = 2**self.mantissa_bits - 1
+        if self.nan == "all_ones" and self.mantissa_bits > 0 and not self.has_infinity:
+            return full - 1
+        return full
+
+    @property
+    def emax(self) -> int:
+        """Unbiased exponent of the largest finite number."""
+        return self._top_exponent_field - self.bias
+
+    @property
+    def max_value(self) -> float:
+        """The largest finite value."""
+        return math.ldexp(1 + self._top_mantissa / 2**self.mantissa_bits, self.emax)
+
+    @property
+    def min_normal(self) -> float:
+        """The smallest positive normal value, 2**emin."""
+        return math.ldexp(1.0, self.emin)
+
+    @property
+    def min_subnormal(self) -> float:
+        """The smallest positive value: 2**(emin - M), or min_normal without subnormals."""
+        if not self.has_subnormals:
+            return self.min_normal
+        return math.ldexp(1.0, self.emin - self.mantissa_bits)
+
+    @property
+    def epsilon(self) -> float:
+        """The gap between 1 and the next larger value, 2**-M (machine epsilon)."""
+        return math.ldexp(1.0, -self.mantissa_bits)
+
+    @property
+    def decimal_digits(self) -> float:
+        """Significant decimal digits the mantissa carries: (M + 1) * log10(2)."""
+        return (self.mantissa_bits + 1) * math.log10(2)
+
+    def values(self) -> np.ndarray:
+        """Every finite representable value, sorted ascending (zero once), as float32."""
+        if self.bits > 16:
+            raise ValueError(
+                f"{self.name} has 2**{self.bits} codes; values() lists formats of 16 bits or fewer"
+            )
+        all_values = decode(np.arange(2**self.bits, dtype=np.uint32), self)
+        return np.unique(all_values[np.isfinite(all_values)])
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# --- the formats of this course --------------------------------------------------------------
+FP32 = FloatFormat("fp32", 8, 23, aliases=("float32", "single"))
+TF32 = FloatFormat("tf32", 8, 10, aliases=("tensorfloat32",))
+FP16 = FloatFormat("fp16", 5, 10, aliases=("float16", "half"))
+BF16 = FloatFormat("bf16", 8, 7, aliases=("bfloat16",))
+E4M3 = FloatFormat("e4m3", 4, 3, has_infinity=False, nan="all_ones",
+                   aliases=("fp8_e4m3", "e4m3fn", "float8_e4m3fn"))
+E5M2 = FloatFormat("e5m2", 5, 2, aliases=("fp8_e5m2", "float8_e5m2"))
+E3M2 = FloatFormat("e3m2", 3, 2, has_infinity=False, nan="none",
+                   aliases=("fp6_e3m2", "float6_e3m2fn"))
+E2M3 = FloatFormat("e2m3", 2, 3, has_infinity=False, nan="none",
+                   aliases=("fp6_e2m3", "float6_e2m3fn"))
+E2M1 = FloatFormat("e2m1", 2, 1, has_infinity=False, nan="none",
+                   aliases=("fp4", "fp4_e2m1", "float4_e2m1fn"))
+E8M0 = FloatFormat("e8m0", 8, 0, has_infinity=False, nan="all_ones", signed=False,
+                   has_subnormals=False, aliases=("e8m0fnu", "float8_e8m0fnu"))
+
+FORMATS = (FP32, TF32, FP16, BF16, E4M3, E5M2, E3M2, E2M3, E2M1, E8M0)
+_BY_NAME = {alias: f for f in FORMATS for alias in (f.name, *f.aliases)}
+
+
+def get_format(name: str | FloatFormat) -> FloatFormat:
+    """Look a format up by name, case-insensitively ("fp16", "BF16", "float8_e4m3fn", "fp4")."""
+    if isinstance(name, FloatFormat):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"a format is a FloatFormat or a name such as 'fp16', not {type(name).__name__}")
+    try:
+        return _BY_NAME[name.strip().lower()]
+    except KeyError:
+        raise ValueError(
+            f"unknown format {name!r}; valid names: {', '.join(sorted(_BY_NAME))}"
+        ) from None
+
+
+# --- rounding --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Carrier:
+    """The IEEE binary format whose bit patterns the rounding works on (float32 or float64)."""
+
+    dtype: torch.dtype
+    int_dtype: torch.dtype
+    mantissa_bits: int
+    bias: int
+
+    @property
+    def inf_bits(self) -> int:
+        exponent_bits = torch.finfo(self.dtype).bits - 1 - self.mantissa_bits
+        return (2**exponent_bits - 1) << self.mantissa_bits
+
+    def bits_of(self, value: float) -> int:
+        return int(torch.tensor(value, dtype=self.dtype).view(self.int_dtype))
+
+
+_FLOAT32 = _Carrier(torch.float32, torch.int32, 23, 127)
+_FLOAT64 = _Carrier(torch.float64, torch.int64, 52, 1023)
+
+
+def _carrier_for(dtype: torch.dtype, fmt: FloatFormat) -> _Carrier:
+    # float32 carries everything exactly, except float64 input (rounding it to float32 first would
+    # round twice) and formats whose smallest normal is a float32 subnormal (E8M0's 2**-127).
+    if dtype == torch.float64 or fmt.emin < 1 - _FLOAT32.bias:
+        return _FLOAT64
+    return _FLOAT32
+
+
+def _round_magnitudes(a, c: _Carrier, fmt: FloatFormat, rounding: str, uniform):
+    """Round finite magnitudes ``a`` (bit patterns of non-negative carrier floats) onto ``fmt``.
+
+    Returns carrier bit patterns; values above ``fmt.max_value`` are left for the caller.
+    """
+    one = torch.ones((), dtype=c.int_dtype, device=a.device)
+    field = a >> c.mantissa_bits
+    # The significand as an integer, implicit leading 1 included for normal carrier values.
+    implicit = one << c.mantissa_bits
+    significand = torch.where(field > 0, (a & (implicit - 1)) | implicit, a)
+    # How many low significand bits the format cannot keep: the mantissa it lacks, plus one more
+    # for each binade the value lies below the format's smallest normal (its subnormal range).
+    below_normal = (fmt.emin + c.bias) - torch.clamp(field, min=1)
+    true_drop = (c.mantissa_bits - fmt.mantissa_bits) + torch.clamp(below_normal, min=0)
+    # Dropping more than M+2 bits leaves less than half the smallest subnormal: it all goes.
+    drop = torch.clamp(true_drop, max=c.mantissa_bits + 2)
+    remainder = significand & ((one << drop) - 1)
+    lower = torch.where(significand == remainder, 0, a - remainder)  # rounded toward zero
+    next_up = one << drop
+    upper = torch.where(lower == 0, c.bits_of(fmt.min_subnormal), lower + next_up)
+
+    if rounding == "toward_zero":
+        return lower
+    if rounding == "nearest_even":
+        half = next_up >> 1
+        odd = ((significand >> drop) & 1) == 1  # parity of the kept significand, implicit bit too
+        up = (remainder > half) | ((remainder == half) & odd & (drop > 0))
+    else:  # stochastic: step up with probability equal to how far x lies from lower to upper
+        fraction = torch.ldexp(remainder.to(torch.float64), -true_drop.to(torch.float64))
+        up = uniform(a.shape) < fraction
+    return torch.where(up, upper, lower)
+
+
+def _round_tensor(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: bool, uniform):
+    """round_to for a floating torch tensor: returns float32 on the same device."""
+    c = _carrier_for(x.dtype, fmt)
+    x = x.detach().to(c.dtype).contiguous()
+    bits = x.view(c.int_dtype)
+    negative = bits < 0
+    a = bits & ~(torch.ones((), dtype=c.int_dtype, device=x.device) << (8 * x.element_size() - 1))
+    is_nan = a > c.inf_bits
+    is_inf = a == c.inf_bits
+    is_zero = a == 0
+    if not fmt.has_subnormals:  # no values below 2**emin, no zero: small values round up to it
+        a = torch.clamp(a, min=c.bits_of(fmt.min_normal))
+
+    magnitude = _round_magnitudes(torch.where(is_nan | is_inf, 0, a), c, fmt, rounding, uniform)
+
+    max_bits, nan_bits = c.bits_of(fmt.max_value), c.bits_of(math.nan)
+    # Overflow (and an infinite input): clamp where asked or where the format has neither
+    # infinity nor NaN (FP6, FP4); otherwise infinity, or NaN in formats with NaN only (E4M3).
+    if saturate or not (fmt.has_infinity or fmt.has_nan):
+        overflow_bits = max_bits
+    else:
+        overflow_bits = c.inf_bits if fmt.has_infinity else nan_bits
+    too_big = magnitude > max_bits
+    magnitude = torch.where(is_inf | too_big, overflow_bits, magnitude)
+    if rounding == "toward_zero":  # IEEE: rounding toward zero never turns a finite value into inf
+        magnitude = torch.where(too_big & ~is_inf, max_bits, magnitude)
+
+    sign_bit = torch.ones((), dtype=c.int_dtype, device=x.device) << (8 * x.element_size() - 1)
+    out = torch.where(negative, magnitude | sign_bit, magnitude)
+    invalid = is_nan
+    if not fmt.signed:
+        invalid = invalid | (negative & ~is_zero) | (negative & is_inf)
+    if not fmt.has_zero:
+        invalid = invalid | is_zero
+    out = torch.where(invalid | (magnitude == nan_bits), nan_bits, out)
+    return out.view(c.dtype).to(torch.float32)
+
+
+def _check_rounding(rounding, generator, kind, kind_name):
+    if rounding not in ROUNDING_MODES:
+        raise ValueError(f"unknown rounding {rounding!r}; choose one of {', '.join(ROUNDING_MODES)}")
+    if generator is not None and rounding != "stochastic":
+        raise ValueError("a generator is only used with rounding='stochastic'")
+    if generator is not None and not isinstance(generator, kind):
+        raise TypeError(
+            f"for this input, generator must be a {kind_name} (or None)"
+        )
+
+
+_TORCH_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _as_tensor_input(x, what: str) -> torch.Tensor:
+    """Check that x is a floating array or tensor we can round, and return it as a tensor."""
+    if isinstance(x, torch.Tensor):
+        if not x.is_floating_point():
+            raise TypeError(f"{what} takes a floating-point tensor, got dtype {x.dtype}; "
+                            "convert it first, e.g. x.float()")
+        return x
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind not in "fV" or x.dtype.kind == "V" and x.dtype.itemsize > 2:
+            raise TypeError(f"{what} takes a floating-point array, got dtype {x.dtype}; "
+                            "convert it first, e.g. x.astype(np.float32)")
+        if x.dtype.kind == "V" or x.dtype == np.float16:  # ml_dtypes bfloat16, or NumPy float16
+            x = x.astype(np.float32)
+        if x.dtype not in (np.float32, np.float64):
+            raise TypeError(f"{what} takes float16, bfloat16, float32 or float64, got {x.dtype}")
+        return torch.from_numpy(np.asarray(x, order="C"))
+    raise TypeError(
+        f"{what} takes a NumPy array, a torch tensor or a Python float, not {type(x).__name__}; "
+        "for a list, pass np.asarray(values, dtype=np.float32)"
+    )
+
+
+def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None):
+    """Round every element of ``x`` to the nearest value representable in ``fmt``.
+
+    Args:
+        x: a NumPy array or torch tensor (float16, bfloat16, float32 or float64, any device), or a
+            Python float. It is never modified; ``requires_grad`` is allowed (the result has none).
+        fmt: a :class:`FloatFormat` or a name for :func:`get_format`.
+        rounding: ``"nearest_even"`` (IEEE's default: the nearest value, ties to the one with an
+            even significand), ``"toward_zero"`` (truncate), or ``"stochastic"`` (round up with
+            probability equal to the distance from the value below, in units of the gap, so that
+            the mean over many draws is the input itself).
+        saturate: clamp everything beyond ``±fmt.max_value``, infinities included, to
+            ``±fmt.max_value``. Otherwise overflow gives ±inf where the format has infinities,
+            NaN where it has only NaN (E4M3), and saturates where it has neither (FP6, FP4).
+        generator: for ``"stochastic"`` only: a ``numpy.random.Generator`` for NumPy input, a
+            ``torch.Generator`` for torch input, to make the draws reproducible.
+
+    Returns:
+        The same kind as ``x``: a float32 array or tensor of the same shape (and device), or a
+        Python float. NaN stays NaN, also in formats that have no NaN to store it in.
+    """
+    fmt = get_format(fmt)
+    if isinstance(x, (bool, np.bool_)) or isinstance(x, (complex, np.complexfloating)):
+        raise TypeError(f"round_to takes real numbers, not {type(x).__name__}")
+    if isinstance(x, (int, float, np.floating, np.integer)):
+        return float(round_to(np.array(float(x)), fmt, rounding=rounding, saturate=saturate,
+                              generator=generator)[()])
+    is_numpy = isinstance(x, np.ndarray)
+    if is_numpy:
+        _check_rounding(rounding, generator, np.random.Generator, "numpy.random.Generator")
+    else:
+        _check_rounding(rounding, generator, torch.Generator, "torch.Generator")
+    t = _as_tensor_input(x, "round_to")
+
+    if is_numpy:
+        rng = generator if generator is not None else np.random.default_rng()
+        def uniform(shape):
+            return torch.from_numpy(rng.random(tuple(shape)))
+    else:
+        if generator is not None and generator.device != t.device:
+            raise ValueError(f"the generator is on {generator.device}, the tensor on {t.device}")
+        def uniform(shape):
+            return torch.rand(shape, dtype=torch.float64, device=t.device, generator=generator)
+
+    out = _round_tensor(t, fmt, rounding, saturate, uniform)
+    return out.numpy() if is_numpy else out
+
+
+def round_scalar(value: float, fmt, *, rounding: str = "nearest_even", saturate: bool = False,
+                 uniform: float | None = None) -> float:
+    """The same rounding as :func:`round_to`, for one Python float, in exact rational arithmetic.
+
+    Slow and short: the reference the vectorised bit-level version is tested against. For
+    ``"stochastic"``, ``uniform`` is the random draw in [0, 1): the result rounds up when
+    ``uniform`` is below the fraction of the gap that lies under ``value``.
+    """
+    fmt = get_format(fmt)
+    if rounding not in ROUNDING_MODES:
+        raise ValueError(f"unknown rounding {rounding!r}; choose one of {', '.join(ROUNDING_MODES)}")
+    if rounding == "stochastic" and uniform is None:
+        raise ValueError("stochastic rounding needs the draw: pass uniform=<a float in [0, 1)>")
+    value = float(value)
+    negative = math.copysign(1.0, value) < 0
+    if math.isnan(value) or (negative and not fmt.signed) or (value == 0 and not fmt.has_zero):
+        return math.nan
+
+    def overflow(finite_input: bool) -> float:
+        if saturate or not (fmt.has_infinity or fmt.has_nan) or (finite_input and rounding == "toward_zero"):
+            return math.copysign(fmt.max_value, value)
+        return math.copysign(math.inf, value) if fmt.has_infinity else math.nan
+
+    if math.isinf(value):
+        return overflow(finite_input=False)
+    x = max(Fraction(abs(value)), Fraction(fmt.min_normal) if not fmt.has_subnormals else 0)
+    if x == 0:
+        return value
+    exponent = math.frexp(x)[1] - 1                                  # x in [2**e, 2**(e+1))
+    gap = Fraction(2) ** (max(exponent, fmt.emin) - fmt.mantissa_bits)  # the spacing around x
+    steps = x / gap
+    lower = math.floor(steps)
+    fraction = steps - lower                                          # in [0, 1)
+    if rounding == "nearest_even":
+        up = fraction > Fraction(1, 2) or (fraction == Fraction(1, 2) and lower % 2 == 1)
+    elif rounding == "toward_zero":
+        up = False
+    else:
+        up = Fraction(uniform) < fraction
+    result = (lower + up) * gap
+    if result > Fraction(fmt.max_value):
+        return overflow(finite_input=True)
+    return math.copysign(float(result), value)
+
+
+# --- bit patterns ----------------------------------------------------------------------------
+def _nan_code(fmt: FloatFormat) -> int:
+    exponent_all_ones = (2**fmt.exponent_bits - 1) << fmt.mantissa_bits
+    if fmt.nan == "ieee":  # the quiet NaN: top mantissa bit set
+        return exponent_all_ones | (1 << (fmt.mantissa_bits - 1))
+    return exponent_all_ones | (2**fmt.mantissa_bits - 1)
+
+
+def _numpy_code_dtype(fmt: FloatFormat):
+    return np.uint8 if fmt.bits <= 8 else np.uint16 if fmt.bits <= 16 else np.uint32
+
+
+def encode(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None):
+    """The integer bit patterns of ``x`` rounded to ``fmt`` (same options as :func:`round_to`).
+
+    Returns a NumPy array of the smallest unsigned integer dtype that holds the codes (as
+    ``x.astype(ml_dtype).view(np.uint8)`` would), a torch int64 tensor, or a Python int.
+    Raises ValueError for a value the format has no code for (NaN in FP6/FP4).
+    """
+    fmt = get_format(fmt)
+    rounded = round_to(x, fmt, rounding=rounding, saturate=saturate, generator=generator)
+    if isinstance(rounded, float):
+        return int(encode(np.array(rounded, dtype=np.float32), fmt)[()])
+    is_numpy = isinstance(rounded, np.ndarray)
+    r = torch.from_numpy(rounded) if is_numpy else rounded
+
+    magnitude = r.abs().to(torch.float64)
+    is_nan, is_inf = torch.isnan(r), torch.isinf(r)
+    if not fmt.has_nan and bool(is_nan.any()):
+        raise ValueError(f"{fmt.name} has no NaN: there is no code for the NaN in the input")
+    exponent = torch.frexp(magnitude).exponent.to(torch.int64) - 1  # magnitude in [2**e, 2**(e+1))
+    normal = (magnitude > 0) & (exponent >= fmt.emin)
+    field = torch.where(normal, exponent + fmt.bias, 0)
+    # Normal: mantissa = (magnitude / 2**e - 1) * 2**M. Subnormal: magnitude / 2**(emin - M).
+    scaled = torch.where(normal, torch.ldexp(magnitude, (fmt.mantissa_bits - exponent).double()),
+                         torch.ldexp(magnitude, torch.tensor(float(fmt.mantissa_bits - fmt.emin))))
+    mantissa = (scaled - torch.where(normal, 2.0**fmt.mantissa_bits, 0.0)).to(torch.int64)
+    mantissa = torch.where(is_inf | is_nan, 0, mantissa)
+    field = torch.where(is_inf, 2**fmt.exponent_bits - 1, field)
+
+    codes = (field << fmt.mantissa_bits) | mantissa
+    if fmt.signed:
+        codes = codes | (torch.signbit(r).to(torch.int64) << (fmt.exponent_bits + fmt.mantissa_bits))
+    if fmt.has_nan:
+        codes = torch.where(is_nan, _nan_code(fmt), codes)
+    return codes.numpy().astype(_numpy_code_dtype(fmt)) if is_numpy else codes
+
+
+def decode(codes, fmt):
+    """The values (float32) of integer bit patterns ``codes`` in ``fmt``: the inverse of encode.
+
+    Takes a NumPy integer array, a torch integer tensor or a Python int, and returns the same kind.
+    """
+    fmt = get_format(fmt)
+    if isinstance(codes, (int, np.integer)) and not isinstance(codes, (bool, np.bool_)):
+        return float(decode(np.array([codes], dtype=np.int64), fmt)[0])
+    is_numpy = isinstance(codes, np.ndarray)
+    if is_numpy:
+        if codes.dtype.kind not in "iu":
+            raise TypeError(f"decode takes integer codes, got dtype {codes.dtype}")
+        c = torch.from_numpy(codes.astype(np.int64))
+    elif isinstance(codes, torch.Tensor):
+        if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
+            raise TypeError(f"decode takes integer codes, got dtype {codes.dtype}")
+        c = codes.to(torch.int64)
+    else:
+        raise TypeError(f"decode takes integer codes (NumPy, torch or int), not {type(codes).__name__}")
+    if c.numel() and (int(c.min()) < 0 or int(c.max()) >= 2**fmt.bits):
+        raise ValueError(f"{fmt.name} codes are integers in [0, 2**{fmt.bits})")
+
+    mantissa = c & (2**fmt.mantissa_bits - 1)
+    field = (c >> fmt.mantissa_bits) & (2**fmt.exponent_bits - 1)
+    subnormal = (field == 0) & fmt.has_subnormals
+    significand = torch.where(subnormal, mantissa, mantissa + 2**fmt.mantissa_bits).double()
+    exponent = torch.where(subnormal, fmt.emin, field - fmt.bias) - fmt.mantissa_bits
+    value = torch.ldexp(significand, exponent.double())
+
+    all_ones = field == 2**fmt.exponent_bits - 1
+    if fmt.has_infinity:
+        value = torch.where(all_ones & (mantissa == 0), math.inf, value)
+    if fmt.nan == "ieee":
+        value = torch.where(all_ones & (mantissa != 0), math.nan, value)
+    elif fmt.nan == "all_ones":
+        value = torch.where(c & (2 ** (fmt.bits - int(fmt.signed)) - 1) == _nan_code(fmt), math.nan, value)
+    if fmt.signed:
+        value = torch.where(((c >> (fmt.bits - 1)) & 1) == 1, -value, value)
+    value = value.to(torch.float32)
+    return value.numpy() if is_numpy else value
+
+
+def describe(value, fmt) -> str:
+    """A human-readable breakdown of how ``fmt`` stores ``value`` (rounded to nearest first)."""
+    fmt = get_format(fmt)
+    value = float(value)
+    code = encode(value, fmt)
+    stored = decode(code, fmt)
+    M, E = fmt.mantissa_bits, fmt.exponent_bits
+    mantissa, field = code & (2**M - 1), (code >> M) & (2**E - 1)
+    sign = (code >> (E + M)) & 1 if fmt.signed else 0
+    bits = (f"{sign} " if fmt.signed else "") + f"{field:0{E}b}" + (f" {mantissa:0{M}b}" if M else "")
+
+    if math.isnan(stored):
+        kind, reading = "NaN", "not a number"
+    elif math.isinf(stored):
+        kind, reading = "infinity", f"{'-' if sign else '+'}inf"
+    elif fmt.has_subnormals and field == 0:
+        kind = "zero" if mantissa == 0 else "subnormal"
+        reading = f"{'-' if sign else '+'}2^{fmt.emin} x {mantissa}/{2**M}"
+    else:
+        kind = "normal"
+        reading = f"{'-' if sign else '+'}2^({field}-{fmt.bias}) x (1 + {mantissa}/{2**M})"
+    lines = [
+        f"{value!r} in {fmt.name} ({fmt.bits} bits: {int(fmt.signed)} sign, {E} exponent, "
+        f"{M} mantissa; bias {fmt.bias})",
+        f"  bits      {bits}   (0x{code:0{(fmt.bits + 3) // 4}X})",
+        f"  kind      {kind}",
+        f"  reads as  {reading}",
+        f"  value     {stored!r}" + ("" if stored == value or math.isnan(value) else
+                                     f"   (rounded from {value!r}, error {stored - value:+.3g})"),
+    ]
+    return "\n".join(lines)
