@@ -257,8 +257,9 @@ def _round_tensor(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: bo
     c = _carrier_for(x.dtype, fmt)
     x = x.detach().to(c.dtype).contiguous()
     bits = x.view(c.int_dtype)
+    sign_bit = torch.ones((), dtype=c.int_dtype, device=x.device) << (8 * x.element_size() - 1)
     negative = bits < 0
-    a = bits & ~(torch.ones((), dtype=c.int_dtype, device=x.device) << (8 * x.element_size() - 1))
+    a = bits & ~sign_bit
     is_nan = a > c.inf_bits
     is_inf = a == c.inf_bits
     is_zero = a == 0
@@ -279,14 +280,13 @@ def _round_tensor(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: bo
     if rounding == "toward_zero":  # IEEE: rounding toward zero never turns a finite value into inf
         magnitude = torch.where(too_big & ~is_inf, max_bits, magnitude)
 
-    sign_bit = torch.ones((), dtype=c.int_dtype, device=x.device) << (8 * x.element_size() - 1)
     out = torch.where(negative, magnitude | sign_bit, magnitude)
-    invalid = is_nan
+    invalid = is_nan  # and values the format has no code for:
     if not fmt.signed:
-        invalid = invalid | (negative & ~is_zero) | (negative & is_inf)
+        invalid = invalid | (negative & ~is_zero)
     if not fmt.has_zero:
         invalid = invalid | is_zero
-    out = torch.where(invalid | (magnitude == nan_bits), nan_bits, out)
+    out = torch.where(invalid, nan_bits, out)
     return out.view(c.dtype).to(torch.float32)
 
 
@@ -296,12 +296,7 @@ def _check_rounding(rounding, generator, kind, kind_name):
     if generator is not None and rounding != "stochastic":
         raise ValueError("a generator is only used with rounding='stochastic'")
     if generator is not None and not isinstance(generator, kind):
-        raise TypeError(
-            f"for this input, generator must be a {kind_name} (or None)"
-        )
-
-
-_TORCH_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+        raise TypeError(f"for this input, generator must be a {kind_name} (or None)")
 
 
 def _as_tensor_input(x, what: str) -> torch.Tensor:
@@ -312,10 +307,11 @@ def _as_tensor_input(x, what: str) -> torch.Tensor:
                             "convert it first, e.g. x.float()")
         return x
     if isinstance(x, np.ndarray):
-        if x.dtype.kind not in "fV" or x.dtype.kind == "V" and x.dtype.itemsize > 2:
+        ml_dtypes_float = x.dtype.type.__module__.split(".")[0] == "ml_dtypes"  # bfloat16, float8
+        if x.dtype.kind != "f" and not ml_dtypes_float:
             raise TypeError(f"{what} takes a floating-point array, got dtype {x.dtype}; "
                             "convert it first, e.g. x.astype(np.float32)")
-        if x.dtype.kind == "V" or x.dtype == np.float16:  # ml_dtypes bfloat16, or NumPy float16
+        if ml_dtypes_float or x.dtype == np.float16:  # exactly representable in float32
             x = x.astype(np.float32)
         if x.dtype not in (np.float32, np.float64):
             raise TypeError(f"{what} takes float16, bfloat16, float32 or float64, got {x.dtype}")
@@ -324,6 +320,9 @@ def _as_tensor_input(x, what: str) -> torch.Tensor:
         f"{what} takes a NumPy array, a torch tensor or a Python float, not {type(x).__name__}; "
         "for a list, pass np.asarray(values, dtype=np.float32)"
     )
+
+
+_CPU_PIECE = 2**18  # elements: 1 MiB of float32, small enough to stay in a CPU's cache
 
 
 def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None):
@@ -370,7 +369,12 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
         def uniform(shape):
             return torch.rand(shape, dtype=torch.float64, device=t.device, generator=generator)
 
-    out = _round_tensor(t, fmt, rounding, saturate, uniform)
+    out = torch.empty(t.shape, dtype=torch.float32, device=t.device)
+    # Each step of the rounding is one pass over the data; on a CPU, passes over cache-sized
+    # pieces run about twice as fast as passes over one large array.
+    piece = _CPU_PIECE if t.device.type == "cpu" else max(t.numel(), 1)
+    for source, target in zip(t.reshape(-1).split(piece), out.view(-1).split(piece)):
+        target.copy_(_round_tensor(source, fmt, rounding, saturate, uniform))
     return out.numpy() if is_numpy else out
 
 
