@@ -3,8 +3,9 @@
 Modules:
     formats  -- exact floating-point formats: FloatFormat, round_to, encode/decode, describe
     plotting -- the figure helpers the chapters share
+    display  -- computed Markdown tables, and library source shown in the book
 """
-from mpcourse import formats
+from mpcourse import display, formats, plotting
 
 __version__ = "0.1.0"
-__all__ = ["formats"]
+__all__ = ["display", "formats", "plotting"]

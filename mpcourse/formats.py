@@ -333,7 +333,8 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
             Python float. It is never modified; ``requires_grad`` is allowed (the result has none).
         fmt: a :class:`FloatFormat` or a name for :func:`get_format`.
         rounding: ``"nearest_even"`` (IEEE's default: the nearest value, ties to the one with an
-            even significand), ``"toward_zero"`` (truncate), or ``"stochastic"`` (round up with
+            even integer significand, implicit bit included; so in E8M0, which has no mantissa
+            bits and an odd significand everywhere, ties round up, as in ml_dtypes), ``"toward_zero"`` (truncate), or ``"stochastic"`` (round up with
             probability equal to the distance from the value below, in units of the gap, so that
             the mean over many draws is the input itself).
         saturate: clamp everything beyond ``±fmt.max_value``, infinities included, to
@@ -524,16 +525,17 @@ def describe(value, fmt) -> str:
     sign = (code >> (E + M)) & 1 if fmt.signed else 0
     bits = (f"{sign} " if fmt.signed else "") + f"{field:0{E}b}" + (f" {mantissa:0{M}b}" if M else "")
 
+    sign_text = ("-" if sign else "+") if fmt.signed else ""
     if math.isnan(stored):
         kind, reading = "NaN", "not a number"
     elif math.isinf(stored):
-        kind, reading = "infinity", f"{'-' if sign else '+'}inf"
+        kind, reading = "infinity", f"{sign_text}inf"
     elif fmt.has_subnormals and field == 0:
         kind = "zero" if mantissa == 0 else "subnormal"
-        reading = f"{'-' if sign else '+'}2^{fmt.emin} x {mantissa}/{2**M}"
+        reading = f"{sign_text}2^{fmt.emin} x {mantissa}/{2**M}"
     else:
         kind = "normal"
-        reading = f"{'-' if sign else '+'}2^({field}-{fmt.bias}) x (1 + {mantissa}/{2**M})"
+        reading = f"{sign_text}2^({field}-{fmt.bias})" + (f" x (1 + {mantissa}/{2**M})" if M else "")
     lines = [
         f"{value!r} in {fmt.name} ({fmt.bits} bits: {int(fmt.signed)} sign, {E} exponent, "
         f"{M} mantissa; bias {fmt.bias})",
