@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import textwrap
 
 import numpy as np
 from IPython.display import Markdown
@@ -43,4 +44,5 @@ def show_source(obj) -> Markdown:
     """The source code of a function, class or property, as a highlighted Python block."""
     if isinstance(obj, property):
         obj = obj.fget
-    return Markdown(f"```python\n{inspect.getsource(obj).rstrip()}\n```")
+    source = textwrap.dedent(inspect.getsource(obj)).rstrip()  # methods: drop the class indent
+    return Markdown(f"```python\n{source}\n```")
