@@ -16,14 +16,18 @@ import torch
 from mpcourse.formats import BF16, E4M3, round_to
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up: allocations, first-call overheads
-    times = []
+def median_seconds(contenders: dict, repeats: int) -> dict:
+    """Median wall time of each contender, timed in turn within every repeat, so that a slow
+    spell of the machine hits all of them alike and the ratios stay fair."""
+    for fn in contenders.values():
+        fn()  # warm-up: allocations, first-call overheads
+    times = {name: [] for name in contenders}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main():
@@ -43,9 +47,12 @@ def main():
     print(f"{'format':6} {'round_to':>10} {'torch cast':>11} {'ml_dtypes':>10}   "
           f"{'round_to/torch':>14} {'round_to/ml_dtypes':>18}")
     for fmt, torch_dtype, ml_dtype in cases:
-        ours = median_seconds(lambda: round_to(x, fmt, saturate=True), args.repeats)
-        native = median_seconds(lambda: x.to(torch_dtype).float(), args.repeats)
-        ml = median_seconds(lambda: x_np.astype(ml_dtype).astype(np.float32), args.repeats)
+        t = median_seconds({
+            "round_to": lambda: round_to(x, fmt, saturate=True),
+            "torch": lambda: x.to(torch_dtype).float(),
+            "ml_dtypes": lambda: x_np.astype(ml_dtype).astype(np.float32),
+        }, args.repeats)
+        ours, native, ml = t["round_to"], t["torch"], t["ml_dtypes"]
         print(f"{fmt.name:6} {ours * 1e3:8.1f}ms {native * 1e3:9.1f}ms {ml * 1e3:8.1f}ms   "
               f"{ours / native:14.2f} {ours / ml:18.2f}")
 
