@@ -322,6 +322,16 @@ def _as_tensor_input(x, what: str) -> torch.Tensor:
     )
 
 
+def _python_float(value, what: str) -> float:
+    """A real Python/NumPy number as a float, or a TypeError/ValueError that says what to pass."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{what} takes a real number (int or float), not {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{what}: {value} is too large even for float64") from None
+
+
 _CPU_PIECE = 2**18  # elements: 1 MiB of float32, small enough to stay in a CPU's cache
 
 
@@ -351,7 +361,7 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
     if isinstance(x, (bool, np.bool_)) or isinstance(x, (complex, np.complexfloating)):
         raise TypeError(f"round_to takes real numbers, not {type(x).__name__}")
     if isinstance(x, (int, float, np.floating, np.integer)):
-        return float(round_to(np.array(float(x)), fmt, rounding=rounding, saturate=saturate,
+        return float(round_to(np.array(_python_float(x, "round_to")), fmt, rounding=rounding, saturate=saturate,
                               generator=generator)[()])
     is_numpy = isinstance(x, np.ndarray)
     if is_numpy:
@@ -392,7 +402,7 @@ def round_scalar(value: float, fmt, *, rounding: str = "nearest_even", saturate:
         raise ValueError(f"unknown rounding {rounding!r}; choose one of {', '.join(ROUNDING_MODES)}")
     if rounding == "stochastic" and uniform is None:
         raise ValueError("stochastic rounding needs the draw: pass uniform=<a float in [0, 1)>")
-    value = float(value)
+    value = _python_float(value, "round_scalar")
     negative = math.copysign(1.0, value) < 0
     if math.isnan(value) or (negative and not fmt.signed) or (value == 0 and not fmt.has_zero):
         return math.nan
@@ -517,7 +527,7 @@ def decode(codes, fmt):
 def describe(value, fmt) -> str:
     """A human-readable breakdown of how ``fmt`` stores ``value`` (rounded to nearest first)."""
     fmt = get_format(fmt)
-    value = float(value)
+    value = _python_float(value, "describe")
     code = encode(value, fmt)
     stored = decode(code, fmt)
     M, E = fmt.mantissa_bits, fmt.exponent_bits

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from mpcourse import formats
 from mpcourse.formats import (BF16, E2M1, E4M3, E5M2, E8M0, FORMATS, FP16, FP32, TF32, decode,
                               describe, encode, get_format, round_scalar, round_to)
 from tests.ml_reference import (ML_DTYPES, TORCH_DTYPES, ml_dtypes_deviations, ml_dtypes_round,
@@ -317,6 +316,19 @@ def test_bad_inputs_get_a_clear_error(bad, error, message):
         round_to(bad, FP16)
 
 
+@pytest.mark.parametrize("call", [describe, round_scalar], ids=["describe", "round_scalar"])
+def test_scalar_functions_refuse_what_is_not_a_number(call):
+    for bad in ("0.1", [0.1], None, True):
+        with pytest.raises(TypeError, match="real number"):
+            call(bad, FP16)
+
+
+@pytest.mark.parametrize("call", [describe, round_scalar, round_to])
+def test_an_int_too_large_for_float64_is_a_clear_error(call):
+    with pytest.raises(ValueError, match="too large even for float64"):
+        call(10**400, FP16)
+
+
 def test_bad_options_get_a_clear_error():
     x = np.float32([1.0])
     with pytest.raises(ValueError, match="unknown format"):
@@ -354,4 +366,3 @@ def test_no_format_is_special_cased_by_name():
     twin = dataclasses.replace(E4M3, name="my_fp8", aliases=())
     x = random_inputs(10_000)
     assert np.all(same(round_to(x, twin), round_to(x, E4M3)))
-    assert formats.get_format("e4m3") is E4M3
