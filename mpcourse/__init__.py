@@ -4,9 +4,10 @@ Modules:
     formats  -- exact floating-point formats: FloatFormat, round_to, encode/decode, describe
     plotting -- the figure helpers the chapters share
     display  -- computed Markdown tables, and library source shown in the book
+    scaling  -- loss scaling: StaticLossScaler, DynamicLossScaler (step for step torch's GradScaler)
     workloads -- small real models and data (digits, a tiny transformer), the pre-trained model
 """
-from mpcourse import display, formats, plotting, workloads
+from mpcourse import display, formats, plotting, scaling, workloads
 
 __version__ = "0.1.0"
-__all__ = ["display", "formats", "plotting", "workloads"]
+__all__ = ["display", "formats", "plotting", "scaling", "workloads"]
