@@ -1,0 +1,188 @@
+"""scaled_matmul against a float64 product of the dequantized operands (FP32 accumulation within
+its error bound, float64 accumulation exactly), against torch._scaled_mm, and its narrow
+accumulator against a scalar loop of round_scalar calls."""
+import numpy as np
+import pytest
+import torch
+
+from mpcourse.formats import round_scalar
+from mpcourse.fp8 import accumulator_format, native_fp8_support, quantize, scaled_matmul
+
+U32 = 2.0**-24  # float32's unit roundoff
+
+
+def operands(M=32, K=256, N=48, seed=0):
+    """a (M, K) and w (N, K), so that the product is a @ w.T, as in a linear layer."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(M, K, generator=g) * 2.0 ** (torch.rand(M, K, generator=g) * 8 - 4)
+    w = torch.randn(N, K, generator=g) * 2.0 ** (torch.rand(N, K, generator=g) * 8 - 4)
+    return a, w
+
+
+def exact(q) -> torch.Tensor:
+    """What a quantized tensor stands for, in float64 (data / scale without rounding)."""
+    return q.data.double() / q.scale_per_element().double()
+
+
+def fp32_bound(a_q, b_q) -> torch.Tensor:
+    """Error bound of an FP32-accumulated product: K additions, then two roundings applying the
+    scales and one promoting, each at most one unit roundoff of |a| @ |b|."""
+    K = a_q.shape[1]
+    return (K + 4) * U32 * (exact(a_q).abs() @ exact(b_q).abs())
+
+
+PAIRS = {  # (a's quantize kwargs, w's) — w is quantized as (N, K) and transposed
+    "tensor x tensor": (dict(), dict()),
+    "row x column": (dict(granularity="channel", axis=0), dict(granularity="channel", axis=0)),
+    "1x128 x 128x16 tiles": (dict(granularity="block", block_size=128),
+                             dict(granularity="block", block_size=(16, 128))),
+    "MXFP8 x MXFP8": (dict(granularity="mx"), dict(granularity="mx")),
+    "MXFP4 x MXFP6": (dict(fmt="e2m1", granularity="mx"), dict(fmt="e3m2", granularity="mx")),
+    "NVFP4 x NVFP4": (dict(granularity="nvfp4"), dict(granularity="nvfp4")),
+    "E5M2 tensor x E4M3 rows": (dict(fmt="e5m2"), dict(granularity="channel", axis=0)),
+    "per-K-column x tensor": (dict(granularity="channel", axis=1), dict()),
+}
+
+
+def quantize_pair(name, seed=0):
+    a_kwargs, w_kwargs = (dict(k) for k in PAIRS[name])
+    a, w = operands(seed=seed)
+    a_q = quantize(a, a_kwargs.pop("fmt", None), **a_kwargs)
+    w_q = quantize(w, w_kwargs.pop("fmt", None), **w_kwargs)
+    return a_q, w_q.t()
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_fp32_accumulation_is_within_its_error_bound(name):
+    a_q, b_q = quantize_pair(name)
+    reference = exact(a_q) @ exact(b_q)
+    result = scaled_matmul(a_q, b_q)
+    assert result.dtype == torch.float32 and result.shape == (32, 48)
+    assert ((result.double() - reference).abs() <= fp32_bound(a_q, b_q)).all()
+
+
+@pytest.mark.parametrize("name", ["MXFP8 x MXFP8", "MXFP4 x MXFP6", "per-K-column x tensor"])
+def test_fp64_accumulation_is_exact_with_power_of_two_scales(name):
+    a_q, b_q = quantize_pair(name)
+    if a_q.granularity == "channel":  # make its scales powers of two too
+        a_q = quantize(exact(a_q).float(), scale=2.0**3)
+        b_q = quantize(exact(b_q).float(), scale=2.0**-2)
+    result = scaled_matmul(a_q, b_q, accumulate="fp64", out_dtype=torch.float64)
+    assert torch.equal(result, exact(a_q) @ exact(b_q))
+
+
+@pytest.mark.parametrize("name", ["tensor x tensor", "row x column", "E5M2 tensor x E4M3 rows"])
+def test_torch_scaled_mm_agrees_with_the_emulation(name):
+    a_q, b_q = quantize_pair(name, seed=1)
+    native = scaled_matmul(a_q, b_q, backend="torch")
+    emulated = scaled_matmul(a_q, b_q, backend="emulate")
+    # both accumulate in FP32, in different orders and with the scales applied before (torch)
+    # or after (emulation) the sum: each is within the bound of the exact product
+    assert ((native.double() - emulated.double()).abs() <= 2 * fp32_bound(a_q, b_q)).all()
+    bf16 = scaled_matmul(a_q, b_q, backend="torch", out_dtype=torch.bfloat16)
+    assert bf16.dtype == torch.bfloat16
+    assert ((bf16.double() - native.double()).abs() <= 2.0**-8 * native.abs()).all()  # one rounding
+
+
+def test_auto_emulates_on_cpu_and_torch_means_torch(monkeypatch):
+    calls = []
+    real = torch._scaled_mm
+    monkeypatch.setattr(torch, "_scaled_mm",
+                        lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    a_q, b_q = quantize_pair("tensor x tensor")
+    assert torch.equal(scaled_matmul(a_q, b_q), scaled_matmul(a_q, b_q, backend="emulate"))
+    assert calls == []  # on CPU torch._scaled_mm is an emulation too, and a slow one with oneDNN
+    scaled_matmul(a_q, b_q, backend="torch")
+    assert calls == [1]
+
+
+def sequential_reference(a_q, b_q, fmt, stretch):
+    """The narrow-accumulator product, one element at a time: round_scalar after each addition
+    within a stretch, then the scales applied and the partial sum added, in float32."""
+    a_d, b_d = a_q.data.double().numpy(), b_q.data.double().numpy()
+    s_a, s_b = np.float32(a_q.scale.item()), np.float32(b_q.scale.item())
+    M, K = a_d.shape
+    out = np.zeros((M, b_d.shape[1]), dtype=np.float32)
+    for m in range(M):
+        for n in range(b_d.shape[1]):
+            for start in range(0, K, stretch):
+                partial = 0.0
+                for k in range(start, start + stretch):
+                    partial = round_scalar(partial + a_d[m, k] * b_d[k, n], fmt)
+                out[m, n] += np.float32(partial) / (s_a * s_b)
+    return out
+
+
+@pytest.mark.parametrize("promote_every", [None, 8])
+def test_narrow_accumulator_matches_a_scalar_loop(promote_every):
+    a, w = operands(M=3, K=32, N=2, seed=2)
+    a_q, b_q = quantize(a), quantize(w).t()
+    fmt = accumulator_format(4)
+    result = scaled_matmul(a_q, b_q, accumulate=fmt, promote_every=promote_every)
+    expected = sequential_reference(a_q, b_q, fmt, promote_every or 32)
+    assert np.array_equal(result.numpy(), expected)
+
+
+def test_promotion_rescues_a_narrow_accumulator():
+    """Positive products: the running sum grows and each addition loses the low bits of the new
+    term. Promoting every 64 elements limits that to sums of 64 terms."""
+    g = torch.Generator().manual_seed(3)
+    a_q = quantize(torch.rand(4, 512, generator=g))
+    b_q = quantize(torch.rand(4, 512, generator=g)).t()
+    reference = exact(a_q) @ exact(b_q)
+
+    def error(**kwargs):
+        return ((scaled_matmul(a_q, b_q, **kwargs).double() - reference).abs() / reference).mean()
+
+    narrow = accumulator_format(7)  # BF16's precision
+    assert error(accumulate=narrow) > 2 * error(accumulate=narrow, promote_every=64)
+    assert error(accumulate=narrow, promote_every=64) > error(accumulate="fp32")
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(backend="gpu"), ValueError, "unknown backend"),
+    (dict(backend="torch", accumulate="fp64"), ValueError, "emulated"),
+    (dict(backend="torch", promote_every=128), ValueError, "emulated"),
+    (dict(backend="torch", out_dtype=torch.float64), ValueError, "float32"),
+    (dict(accumulate=32), TypeError, "accumulate"),
+    (dict(accumulate="fp33"), ValueError, "unknown format"),
+    (dict(promote_every=0), ValueError, "positive int"),
+])
+def test_bad_arguments_get_a_sentence(kwargs, error, match):
+    a_q, b_q = quantize_pair("tensor x tensor")
+    with pytest.raises(error, match=match):
+        scaled_matmul(a_q, b_q, **kwargs)
+
+
+def test_bad_operands_get_a_sentence():
+    a_q, b_q = quantize_pair("tensor x tensor")
+    with pytest.raises(TypeError, match="QuantizedTensor"):
+        scaled_matmul(a_q, torch.ones(256, 48))
+    with pytest.raises(ValueError, match="cannot be multiplied"):
+        scaled_matmul(a_q, a_q)
+    with pytest.raises(ValueError, match="matrix"):
+        scaled_matmul(quantize(torch.ones(2, 3, 4)), b_q)
+    with pytest.raises(ValueError, match="per tensor or per row"):
+        scaled_matmul(*quantize_pair("1x128 x 128x16 tiles"), backend="torch")
+    with pytest.raises(ValueError, match="E4M3/E5M2"):
+        scaled_matmul(*quantize_pair("NVFP4 x NVFP4"), backend="torch")
+
+
+def test_native_support_on_cpu():
+    supported, reason = native_fp8_support("cpu")
+    assert supported and "CPU" in reason
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_native_or_a_clear_fallback():
+    a_q, b_q = quantize_pair("tensor x tensor")
+    a_cuda = quantize(exact(a_q).float().cuda(), scale=a_q.scale)
+    b_cuda = quantize(exact(b_q).float().t().cuda(), scale=b_q.scale).t()
+    cpu = scaled_matmul(a_q, b_q, backend="emulate")
+    supported, reason = native_fp8_support("cuda")
+    if supported:
+        result = scaled_matmul(a_cuda, b_cuda, backend="torch")
+    else:
+        with pytest.warns(UserWarning, match="no FP8"):
+            result = scaled_matmul(a_cuda, b_cuda)
+    assert ((result.cpu().double() - cpu.double()).abs() <= 2 * fp32_bound(a_q, b_q)).all()
