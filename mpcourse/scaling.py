@@ -75,6 +75,8 @@ class LossScaler:
             scaler.step(optimizer)          # optimizer.step(), skipped if a gradient was inf/NaN
             scaler.update()                 # choose S for the next step; append to history
 
+    Clip the tensors the optimizer steps: with ``MasterWeightOptimizer`` the gradients live on the
+    FP32 masters, so clip ``optimizer.master_params()``; ``model.parameters()`` would clip nothing.
     ``unscale_`` is optional: ``step`` unscales if it was not called. Several optimizers may share
     one scaler: unscale_ and step each of them once, then call ``update`` once. An optimizer is
     anything with ``param_groups`` and ``step()``; unscaling divides the ``.grad`` of its params.
