@@ -9,6 +9,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import matplotlib.transforms as mtransforms
 import numpy as np
+import torch
 from matplotlib.patches import Patch
 
 from mpcourse.formats import FloatFormat, get_format
@@ -135,4 +136,44 @@ def draw_limits(ax, fmt, *, color=None, fontsize=7):
         ax.axvline(value, color=color, linestyle=style, linewidth=1)
         ax.text(value, 0.98, f" {fmt.name.upper()} {name}", transform=top_of_axes, rotation=90,
                 ha="right", va="top", fontsize=fontsize, color=color, clip_on=True)
+    return ax
+
+
+def plot_magnitude_histogram(values, ax=None, *, fmt="fp16", label=None, color=None, limits=True):
+    """Histogram of the magnitudes of ``values``, one bar per binade ``[2**k, 2**(k+1))``, with
+    ``fmt``'s limits drawn as reference lines (:func:`draw_limits`).
+
+    The x axis is the magnitude on a log2 scale, the y axis the share of *all* values (in %) in
+    each binade. Exact zeros, and inf or NaN, have no binade: they are left out of the bars and
+    their share is written into the legend label instead. Values may be a tensor (any dtype,
+    any device) or an array. To overlay several histograms, pass the same ``ax``, and
+    ``limits=False`` after the first so that the limits are drawn once.
+
+    This is the picture behind loss scaling: multiplying by ``S = 2**k`` slides the whole
+    histogram ``k`` binades to the right, out of ``fmt``'s subnormal range and below.
+    """
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().double().numpy()
+    magnitudes = np.abs(np.asarray(values, dtype=np.float64)).ravel()
+    if magnitudes.size == 0:
+        raise ValueError("plot_magnitude_histogram needs at least one value")
+    finite = np.isfinite(magnitudes)
+    positive = magnitudes[finite & (magnitudes > 0)]
+    ax = _axes(ax, (8, 3.5))
+    shares = {"exactly zero": np.mean(magnitudes == 0), "inf or NaN": np.mean(~finite)}
+    notes = [f"{share:.1%} {what}" for what, share in shares.items() if share]
+    label = ", ".join(filter(None, [label, *notes])) or None
+    if positive.size:
+        binade = np.frexp(positive)[1] - 1  # |x| in [2**binade, 2**(binade + 1)), exactly
+        counts = np.bincount(binade - binade.min())
+        edges = np.exp2(np.arange(binade.min(), binade.max() + 2, dtype=np.float64))
+        ax.stairs(100 * counts / magnitudes.size, edges, fill=True, alpha=0.6,
+                  color=color or "0.5", label=label)
+    elif label:
+        ax.plot([], [], color=color, label=label)  # nothing to draw, but keep the legend entry
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("magnitude |x| (log scale)")
+    ax.set_ylabel("share of all values (%)")
+    if limits:
+        draw_limits(ax, fmt)
     return ax
