@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test venv check-exhaustive bench sync-notebooks clean
+.PHONY: book test venv check-exhaustive bench pretrained sync-notebooks clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,8 +29,14 @@ test: $(STAMP)
 check-exhaustive: $(STAMP)
 	$(BIN)/python tools/check_exhaustive.py
 
+# Speed, reported as ratios measured side by side in one run (never asserted in tests).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_round_to.py
+	$(BIN)/python benchmarks/bench_optim.py
+
+# Retrains the pre-trained model shipped in mpcourse/weights/ (deterministic, a few seconds).
+pretrained: $(STAMP)
+	$(BIN)/python tools/train_pretrained.py
 
 # Rewrites each notebook's Colab set-up cell from the repository URL in _config.yml.
 sync-notebooks: $(STAMP)
