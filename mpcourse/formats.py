@@ -375,7 +375,9 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
         def uniform(shape):
             return torch.from_numpy(rng.random(tuple(shape)))
     else:
-        if generator is not None and generator.device != t.device:
+        # torch.Generator("cuda") may report "cuda" with no index: compare what both state.
+        if generator is not None and (generator.device.type != t.device.type or
+                                      generator.device.index not in (None, t.device.index)):
             raise ValueError(f"the generator is on {generator.device}, the tensor on {t.device}")
         def uniform(shape):
             return torch.rand(shape, dtype=torch.float64, device=t.device, generator=generator)
