@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test venv check-exhaustive bench pretrained sync-notebooks clean
+.PHONY: book test test-gpu venv check-exhaustive bench pretrained sync-notebooks clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,14 @@ book: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# Needs an NVIDIA GPU and a CUDA build of torch: the whole suite and every notebook under nbval
+# with CUDA as the device. MPCOURSE_DEVICE=cuda moves the device-aware tests (the `device`
+# fixture in tests/conftest.py) to the GPU; tests marked "needs a CUDA GPU" run instead of
+# being skipped; notebooks pick CUDA themselves when torch sees it.
+test-gpu: $(STAMP)
+	$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu needs a CUDA GPU that torch can see')"
+	MPCOURSE_DEVICE=cuda $(BIN)/python -m pytest
 
 # Not part of `make test`: compares round_to with ml_dtypes on all 2**32 float32 inputs.
 check-exhaustive: $(STAMP)

@@ -1,0 +1,372 @@
+"""mpcourse.bench: timing against torch.utils.benchmark, the spec table, the probes, the suite.
+
+Timings themselves are never asserted. Where a test needs known times it gives ``benchmark`` a
+fake clock (the ``timer=`` option, as ``torch.utils.benchmark.Timer`` has) that advances only
+when the timed function runs, so every count and statistic is known in advance.
+"""
+import itertools
+import math
+import statistics
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils.benchmark import Timer
+
+from mpcourse.bench import (GPU_SPECS, PRECISIONS, alignment_effect, alignment_multiple,
+                            benchmark, compare_precisions, device_info, lookup_spec,
+                            matmul_tflops, max_matmul_tflops, memory_bandwidth, pad_to_multiple,
+                            precision_name, precision_support, tf32_mode, tf32_state)
+from mpcourse.bench.timing import ESTIMATE_CALLS
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+class FakeWork:
+    """A clock, and work that advances it: call i takes durations_ms[i % len] milliseconds."""
+
+    def __init__(self, durations_ms):
+        self.durations = itertools.cycle(durations_ms)
+        self.now = 0.0
+        self.calls = 0
+
+    def clock(self) -> float:  # seconds, like time.perf_counter
+        return self.now
+
+    def __call__(self, *args):
+        self.calls += 1
+        self.now += next(self.durations) / 1e3
+
+
+@pytest.fixture
+def one_thread():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+# --- benchmark ---------------------------------------------------------------------------------
+def test_benchmark_agrees_with_torch_utils_benchmark_timer(one_thread):
+    # A ~1 ms product on one thread, as Timer(num_threads=1) runs it. Both sides time single
+    # calls and take the median: Timer.blocked_autorange's median of *block means* is pulled up
+    # by preemptions on a busy machine (2x on a loaded 2-core machine), which a median of single
+    # calls resists. Measured in turn, three times each, so a busy spell hits both sides; the
+    # medians must agree within 1.5x, with one retry for a spell that hit only one side.
+    a, b = torch.randn(384, 384), torch.randn(384, 384)
+    timer = Timer("torch.mm(a, b)", globals={"torch": torch, "a": a, "b": b}, num_threads=1)
+    for _ in range(2):
+        ours, theirs = [], []
+        for _ in range(3):
+            theirs += [timer.timeit(number=1).median * 1e3 for _ in range(40)]
+            ours += benchmark(torch.mm, a, b, repeats=40, warmup_ms=10).samples_ms
+        ratio = statistics.median(ours) / statistics.median(theirs)
+        if 1 / 1.5 < ratio < 1.5:
+            break
+    assert 1 / 1.5 < ratio < 1.5, (statistics.median(ours), statistics.median(theirs))
+
+
+def test_statistics_come_from_the_samples_and_the_budget_sets_the_counts():
+    work = FakeWork(range(1, 11))  # 1, 2, ..., 10 ms, over and over
+    result = benchmark(work, warmup_ms=10, budget_ms=90, timer=work.clock)
+    # The first call (1 ms) is never used; the next five (2..6 ms) give the estimate.
+    assert result.estimate_ms == pytest.approx(sum(range(2, 7)) / ESTIMATE_CALLS)
+    assert result.warmup == math.ceil(10 / 4)
+    assert result.repeats == math.ceil(90 / 4) == len(result.samples_ms)
+    assert work.calls == 1 + ESTIMATE_CALLS + result.warmup + result.repeats
+    first_timed = 1 + ESTIMATE_CALLS + result.warmup
+    expected = [(first_timed + i) % 10 + 1 for i in range(result.repeats)]
+    assert result.samples_ms == pytest.approx(expected)
+    quintiles = statistics.quantiles(expected, n=5, method="inclusive")
+    assert result.median_ms == pytest.approx(statistics.median(expected))
+    assert result.p20_ms == pytest.approx(quintiles[0])
+    assert result.p80_ms == pytest.approx(quintiles[3])
+    assert result.mean_ms == pytest.approx(statistics.mean(expected))
+    assert result.min_ms == pytest.approx(min(expected))
+    assert result.device == "cpu" and result.flush_l2 is False
+
+
+def test_repeat_bounds_and_explicit_counts():
+    slow = FakeWork([50.0])
+    assert benchmark(slow, budget_ms=100, min_repeats=5, timer=slow.clock).repeats == 5
+    fast = FakeWork([0.01])
+    assert benchmark(fast, budget_ms=100, max_repeats=50, timer=fast.clock).repeats == 50
+    fixed = FakeWork([1.0])
+    assert benchmark(fixed, repeats=7, timer=fixed.clock).repeats == 7
+    # A first call longer than the whole budget: a single call makes the estimate.
+    long = FakeWork([500.0])
+    result = benchmark(long, budget_ms=100, warmup_ms=0, timer=long.clock)
+    assert long.calls == 1 + 1 + 0 + result.repeats and result.estimate_ms == 500
+
+
+def test_benchmark_passes_args_to_fn(device):
+    seen = []
+    benchmark(lambda x, y: seen.append((x, y)), 2, 3, device="cpu", budget_ms=1)
+    assert set(seen) == {(2, 3)}
+    x = torch.randn(64, 64, device=device)
+    result = benchmark(torch.mm, x, x, budget_ms=5)
+    assert result.device.startswith(device.type) and result.repeats >= 5
+    assert all(s > 0 for s in result.samples_ms)
+    assert result.p20_ms <= result.median_ms <= result.p80_ms
+
+
+def test_benchmark_rejects_bad_options():
+    with pytest.raises(TypeError, match="callable"):
+        benchmark(42)
+    with pytest.raises(ValueError, match="budget_ms"):
+        benchmark(lambda: None, budget_ms=-1, device="cpu")
+    with pytest.raises(ValueError, match="min_repeats"):
+        benchmark(lambda: None, min_repeats=10, max_repeats=5, device="cpu")
+    with pytest.raises(ValueError, match="repeats"):
+        benchmark(lambda: None, repeats=0, device="cpu")
+    with pytest.raises(ValueError, match="cuda_graph"):
+        benchmark(lambda: None, cuda_graph=True, device="cpu")
+
+
+# --- the spec table ----------------------------------------------------------------------------
+REAL_NAMES = {  # torch.cuda.get_device_name() strings -> the table entry they must find
+    "Tesla T4": "T4", "Tesla V100-SXM2-16GB": "V100 SXM2", "Tesla V100-SXM2-32GB": "V100 SXM2",
+    "Tesla V100-PCIE-32GB": "V100 PCIe", "Tesla V100S-PCIE-32GB": "V100S PCIe",
+    "NVIDIA A10": "A10", "NVIDIA A10G": "A10G",
+    "NVIDIA A100-SXM4-40GB": "A100 SXM4 40GB", "NVIDIA A100-SXM4-80GB": "A100 SXM4 80GB",
+    "NVIDIA A100-PCIE-40GB": "A100 PCIe 40GB", "NVIDIA A100 80GB PCIe": "A100 PCIe 80GB",
+    "NVIDIA L4": "L4", "NVIDIA H100 80GB HBM3": "H100 SXM", "NVIDIA H100 PCIe": "H100 PCIe",
+    "NVIDIA H200": "H200 SXM",
+}
+
+
+def test_device_names_find_their_spec_and_unknown_names_find_none():
+    for device_name, spec_name in REAL_NAMES.items():
+        spec = lookup_spec(device_name)
+        assert spec is not None and spec.name == spec_name, device_name
+    assert {spec.name for spec in GPU_SPECS} == set(REAL_NAMES.values())  # every row reachable
+    for other in ("NVIDIA GeForce RTX 4090", "NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA L40S",
+                  "NVIDIA A100X", "AMD Instinct MI300X", ""):
+        assert lookup_spec(other) is None, other
+
+
+def test_spec_table_is_consistent_with_the_architectures():
+    for spec in GPU_SPECS:
+        peaks, cc = spec.peak_tflops, spec.compute_capability
+        assert set(peaks) == set(PRECISIONS) and spec.memory_bandwidth_gbs > 0 and spec.source
+        assert peaks["fp32"] > 0
+        assert peaks["fp16"] > peaks["fp32"]  # every GPU listed has FP16 tensor cores
+        assert (peaks["bf16"] is None) == (peaks["tf32"] is None) == (cc < (8, 0))
+        assert (peaks["fp8"] is None) == (cc < (8, 9))
+        if peaks["bf16"] is not None:
+            assert peaks["bf16"] == peaks["fp16"]      # same tensor-core rate on every GPU listed
+            # TF32 runs at half the 16-bit rate, FP8 at twice it (dense)
+            assert peaks["tf32"] == pytest.approx(peaks["bf16"] / 2, rel=0.01)
+        if peaks["fp8"] is not None:
+            assert peaks["fp8"] == pytest.approx(2 * peaks["bf16"], rel=0.01)
+    by_name = {spec.name: spec for spec in GPU_SPECS}
+    # Same chip, same compute; only memory differs.
+    a100s = [s for s in GPU_SPECS if s.name.startswith("A100")]
+    assert len({tuple(s.peak_tflops.items()) for s in a100s}) == 1
+    assert by_name["H200 SXM"].peak_tflops == by_name["H100 SXM"].peak_tflops
+    assert by_name["H200 SXM"].memory_bandwidth_gbs > by_name["H100 SXM"].memory_bandwidth_gbs
+    a100_40, a100_80 = by_name["A100 SXM4 40GB"], by_name["A100 SXM4 80GB"]
+    assert a100_80.memory_bandwidth_gbs > a100_40.memory_bandwidth_gbs
+    assert [s.name for s in GPU_SPECS if s.approximate] == ["A10G"]
+
+
+def test_device_info_on_the_cpu_says_unknown_instead_of_guessing():
+    info = device_info("cpu")
+    assert info.kind == "cpu" and info.device == "cpu" and info.compute_capability is None
+    assert info.name and info.spec is None and info.spec_note.startswith("unknown")
+    assert all(value is None for value in info.peak_tflops.values())
+    assert info.peak("bf16") is None and info.memory_bandwidth_gbs is None
+    assert info.accelerates["tf32"] is False and info.accelerates["fp8"] is False
+    assert info.accelerates["bf16"] in (True, False, None) and info.threads >= 1
+
+
+def test_precision_names_and_support_on_the_cpu():
+    assert precision_name(torch.bfloat16) == "bf16" and precision_name("FP8") == "fp8"
+    assert precision_name(torch.float32) == "fp32"
+    with pytest.raises(ValueError, match="unknown precision"):
+        precision_name("fp12")
+    with pytest.raises(ValueError, match="no benchmark precision"):
+        precision_name(torch.int8)
+    for precision, expected in (("fp32", True), ("fp16", True), ("bf16", True),
+                                ("tf32", False), ("fp8", False)):
+        supported, reason = precision_support(precision, "cpu")
+        assert supported is expected and reason, precision
+
+
+# --- probes ------------------------------------------------------------------------------------
+class SteppingClock:
+    """A clock that moves by ``step_ms`` each time it is read: each timed call reads it twice
+    (before and after), so every sample is exactly ``step_ms``, whatever the work costs."""
+
+    def __init__(self, step_ms: float):
+        self.step, self.now = step_ms / 1e3, 0.0
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_matmul_tflops_is_2mnk_over_the_median_time():
+    m, n, k = 32, 48, 64
+    result = matmul_tflops(m, n, k, "fp32", "cpu", timer=SteppingClock(2.0), repeats=5)
+    assert result.timing.samples_ms == pytest.approx([2.0] * 5)
+    assert result.tflops == pytest.approx(2 * 32 * 48 * 64 / 2e-3 / 1e12)
+    assert result.percent_of_peak is None and result.peak_tflops is None  # a CPU: no datasheet
+
+
+def test_memory_bandwidth_is_twice_the_bytes_over_the_median_time():
+    result = memory_bandwidth("cpu", size_mb=1, timer=SteppingClock(0.5), repeats=5)
+    assert result.bytes == 2**20
+    assert result.gbs == pytest.approx(2 * 2**20 / 0.5e-3 / 1e9)
+    assert result.peak_gbs is None and result.percent_of_peak is None
+
+
+def test_matmul_tflops_arithmetic(device):
+    m, n, k = 48, 32, 64
+    result = matmul_tflops(m, n, k, "fp32", device, budget_ms=5)
+    assert result.flops == 2 * m * n * k
+    assert result.tflops == pytest.approx(2 * m * n * k / (result.timing.median_ms / 1e3) / 1e12)
+    assert result.bytes_moved == 4 * (m * k + k * n + m * n)
+    assert result.arithmetic_intensity == pytest.approx(result.flops / result.bytes_moved)
+    assert (result.percent_of_peak is None) == (result.peak_tflops is None)
+
+
+def test_matmul_probes_refuse_what_the_cpu_cannot_measure():
+    with pytest.raises(ValueError, match="TF32"):
+        matmul_tflops(64, 64, 64, "tf32", "cpu")
+    with pytest.raises(ValueError, match="FP8"):
+        max_matmul_tflops("fp8", "cpu")
+    with pytest.raises(ValueError, match="positive int"):
+        matmul_tflops(0, 64, 64, "fp32", "cpu")
+
+
+def test_max_matmul_tflops_reports_the_best_shape(device):
+    result = max_matmul_tflops("fp32", device, sizes=(16, (32, 16, 8)), budget_ms=5)
+    assert [(r.m, r.n, r.k) for r in result.results] == [(16, 16, 16), (32, 16, 8)]
+    assert result.best.tflops == max(r.tflops for r in result.results) == result.tflops
+    assert result.skipped == ()
+
+
+def test_pad_to_multiple_sizes_and_tensors():
+    sizes = (0, 1, 8, 4095, 4096, 4097)
+    assert [pad_to_multiple(n, 8) for n in sizes] == [0, 8, 8, 4096, 4096, 4104]
+    a = torch.randn(2, 5, 13)
+    padded = pad_to_multiple(a, 8)
+    assert padded.shape == (2, 8, 16)
+    assert torch.equal(padded[:, :5, :13], a)
+    assert torch.count_nonzero(padded[:, 5:, :]) == 0
+    assert torch.count_nonzero(padded[:, :, 13:]) == 0
+    assert pad_to_multiple(a, 4, dims=0).shape == (4, 5, 13)
+    aligned = torch.zeros(8, 16)
+    assert pad_to_multiple(aligned, 8) is aligned
+    # Zero padding keeps a matrix product exact on the original block.
+    x, w = torch.randn(5, 13), torch.randn(13, 7)
+    product = pad_to_multiple(x, 8) @ pad_to_multiple(w, 8)
+    assert torch.allclose(product[:5, :7], x @ w, atol=1e-5)
+    for bad in (-1, 2.5, "8"):
+        with pytest.raises((TypeError, ValueError)):
+            pad_to_multiple(bad, 8)
+    with pytest.raises(ValueError, match="multiple"):
+        pad_to_multiple(7, 0)
+    with pytest.raises(ValueError, match="dims"):
+        pad_to_multiple(torch.zeros(3), 8)  # a vector has no dim -2
+
+
+def test_alignment_multiple_is_16_bytes_of_elements_and_alignment_effect_pads():
+    for precision in PRECISIONS:
+        itemsize = torch.empty(0, dtype={"fp32": torch.float32, "tf32": torch.float32,
+                                         "fp16": torch.float16, "bf16": torch.bfloat16,
+                                         "fp8": torch.float8_e4m3fn}[precision]).element_size()
+        assert alignment_multiple(precision) == 16 // itemsize
+    rows = alignment_effect((15, 16), "fp32", "cpu", budget_ms=5)
+    assert [(r.size, r.aligned, r.padded_size) for r in rows] == [(15, False, 16), (16, True, 16)]
+    assert rows[0].padded_result.m == 16 and rows[1].padded_result is rows[1].result
+    assert rows[0].padded_tflops == pytest.approx(
+        2 * 15**3 / (rows[0].padded_result.timing.median_ms / 1e3) / 1e12)
+
+
+def test_tf32_mode_restores_the_flags_even_after_an_error():
+    before = tf32_state()
+    with tf32_mode(False):
+        assert "matmul.fp32_precision='ieee'" in tf32_state() or \
+            "matmul.allow_tf32=False" in tf32_state()
+    with pytest.raises(RuntimeError):
+        with tf32_mode(True):
+            assert "matmul.fp32_precision='tf32'" in tf32_state() or \
+                "matmul.allow_tf32=True" in tf32_state()
+            raise RuntimeError("boom")
+    assert tf32_state() == before
+
+
+# --- compare_precisions and the command line -------------------------------------------------
+def test_compare_precisions_gives_a_row_per_precision_with_reasons(device, one_thread):
+    before = tf32_state()
+    result = compare_precisions(device, dim=32, heads=2, batch=2, seq_len=16, budget_ms=10)
+    assert tf32_state() == before and result.tf32_before == before
+    assert [row.precision for row in result.rows] == list(PRECISIONS)
+    for row in result.rows:
+        supported, reason = precision_support(row.precision, device)
+        if not supported:
+            assert row.skipped == reason and row.forward_ms is None
+        elif row.skipped is None:
+            assert row.forward_ms > 0 and row.step_ms > 0
+            assert (row.peak_memory_mb is None) == (device.type == "cpu")
+    fp32 = result.row("fp32")
+    assert fp32.skipped is None and fp32.forward_speedup == 1.0 and fp32.step_speedup == 1.0
+    for row in result.rows:
+        if row.skipped is None:
+            assert row.step_speedup == pytest.approx(fp32.step_ms / row.step_ms)
+    if device.type == "cpu":
+        assert result.row("tf32").skipped and result.row("fp8").skipped
+        assert result.row("bf16").skipped is None  # CPU autocast has BF16 in every torch >= 2.1
+
+
+def test_bench_command_writes_the_report(tmp_path, device):
+    out = tmp_path / "report"
+    run = subprocess.run([sys.executable, "-m", "mpcourse", "bench", "--quick", "--device",
+                          str(device), "--out", str(out)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert str(out / "report.md") in run.stdout
+    report = (out / "report.md").read_text()
+    for name in ("achieved_vs_peak.png", "roofline.png", "precisions.png", "alignment.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({name})" in report
+    if device.type == "cpu":
+        assert "What a GPU would show" in report and "skipped: TF32" in report
+        for spec in GPU_SPECS:
+            assert f"| {spec.name}" in report
+
+
+# --- GPU only ----------------------------------------------------------------------------------
+@needs_cuda
+def test_cuda_events_flush_and_graphs():
+    x = torch.randn(1024, 1024, device="cuda")
+    events = benchmark(torch.mm, x, x, budget_ms=20)
+    assert events.method == "cuda events" and events.device.startswith("cuda")
+    flushed = benchmark(torch.mm, x, x, budget_ms=20, flush_l2=True)
+    assert flushed.flush_l2 and all(s > 0 for s in flushed.samples_ms)
+    small = torch.randn(64, device="cuda")
+    graph = benchmark(lambda v: v.mul(2).add(1).relu(), small, cuda_graph=True, budget_ms=20)
+    assert graph.method == "cuda graph + cuda events" and all(s > 0 for s in graph.samples_ms)
+    with pytest.raises(ValueError, match="timer"):
+        benchmark(torch.mm, x, x, timer=lambda: 0.0)
+
+
+@needs_cuda
+def test_cuda_device_info_and_tensor_core_matmuls():
+    info = device_info("cuda")
+    assert info.kind == "cuda" and info.compute_capability == torch.cuda.get_device_capability()
+    assert (info.spec is None) == info.spec_note.startswith("unknown")
+    for precision in ("bf16", "fp8"):
+        supported, reason = precision_support(precision, "cuda")
+        if not supported:
+            with pytest.raises(ValueError, match="cannot time"):
+                matmul_tflops(256, 256, 256, precision, "cuda")
+            continue
+        result = matmul_tflops(2048, 2048, 2048, precision, "cuda", budget_ms=20)
+        assert result.tflops > 0 and result.timing.flush_l2
+        assert (result.percent_of_peak is None) == (info.peak(precision) is None)
+    bandwidth = memory_bandwidth("cuda", size_mb=64, budget_ms=20)
+    assert bandwidth.gbs > 0 and bandwidth.peak_gbs == info.memory_bandwidth_gbs
