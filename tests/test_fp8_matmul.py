@@ -186,3 +186,16 @@ def test_cuda_native_or_a_clear_fallback():
         with pytest.warns(UserWarning, match="no FP8"):
             result = scaled_matmul(a_cuda, b_cuda)
     assert ((result.cpu().double() - cpu.double()).abs() <= 2 * fp32_bound(a_q, b_q)).all()
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+def test_emulated_product_ignores_autocast(low):
+    """Autocast casts bmm to 16 bits; the emulation must still accumulate in FP32."""
+    generator = torch.Generator().manual_seed(0)
+    a = quantize(torch.randn(16, 256, generator=generator), "e4m3")
+    b = quantize(torch.randn(256, 8, generator=generator), "e4m3")
+    outside = scaled_matmul(a, b, backend="emulate")
+    with torch.autocast("cpu", dtype=low):
+        inside = scaled_matmul(a, b, backend="emulate")
+    assert inside.dtype == torch.float32
+    assert torch.equal(inside, outside)

@@ -206,7 +206,9 @@ def _emulate(a: QuantizedTensor, b: QuantizedTensor, accumulate, promote_every) 
     exact = torch.float64 if isinstance(accumulate, FloatFormat) else wide
     a_stretches = a.data.to(exact).reshape(M, count, stretch).transpose(0, 1)  # (count, M, stretch)
     b_stretches = b.data.to(exact).reshape(count, stretch, N)                  # (count, stretch, N)
-    partials = _partial_sums(a_stretches, b_stretches, accumulate).to(wide)   # (count, M, N)
+    # Autocast would run bmm in FP16/BF16 and round the sums: the accumulator is ours to choose.
+    with torch.autocast(a.data.device.type, enabled=False):
+        partials = _partial_sums(a_stretches, b_stretches, accumulate).to(wide)  # (count, M, N)
 
     # Each stretch's scales: a's (M, count), b's (count, N); then promote, in order, into `out`.
     a_scale = a.scale_per_element().expand(M, K)[:, ::stretch].to(wide)
