@@ -114,8 +114,9 @@ def layer_norm_fp32(x: torch.Tensor, normalized_shape, weight=None, bias=None,
         y    = (x - mean) / sqrt(var + eps) * weight + bias
 
     Every step runs in FP32 (FP64 input stays FP64); only ``y`` is rounded to ``x``'s dtype. This
-    is ``F.layer_norm(x.float(), ...).to(x.dtype)``, and it is what autocast does on CUDA, where
-    ``layer_norm`` is on the list of operations that run in FP32. Compare :func:`layer_norm_lowp`.
+    is ``F.layer_norm(x.float(), ...).to(x.dtype)``. CUDA autocast, where ``layer_norm`` is on the
+    list of operations that run in FP32, computes the same statistics but returns FP32 instead of
+    rounding ``y``. Compare :func:`layer_norm_lowp`.
     """
     _check_floating(x, "layer_norm_fp32")
     dims = _normalized_dims(x, normalized_shape, "layer_norm_fp32")
