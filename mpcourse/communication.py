@@ -1,0 +1,620 @@
+"""Communicating gradients: all-reduce in FP32, FP16 and BF16 with real ``torch.distributed``.
+
+In data-parallel training each of ``N`` ranks (processes, one per GPU) computes the gradient
+``g_r`` of its own share of the batch, and before the optimizer step every rank needs the mean::
+
+    g = (g_0 + g_1 + ... + g_{N-1}) / N
+
+An *all-reduce* computes that sum and leaves it on every rank. The common algorithm is the
+*ring*: the vector is cut into ``N`` chunks, and each chunk travels once around the ring of
+ranks, each rank adding its own part before passing it on; then the finished chunks travel
+around once more to reach everyone. Each rank sends (and receives) ``2 (N - 1) / N`` times the
+message, never more than twice it however many ranks there are: :func:`ring_traffic_bytes`.
+
+The message is the gradient in a *wire format*. Sending FP16 or BF16 instead of FP32 halves the
+traffic, but the additions along the ring are then done in that format too: the partial sum is
+rounded to the wire format at every hop. :func:`ring_allreduce_reference` computes, locally and
+exactly, what a ring returns; :func:`allreduce_mean` does the real thing between processes.
+
+Processes: :func:`run_workers` starts ``N`` processes on this machine, joins them in a process
+group (``gloo`` on CPUs, ``nccl`` when every rank has its own GPU) and runs a function on each.
+The workers import that function by name, so it must live in a module, not in a notebook: the
+chapter's experiments (:func:`allreduce_sum`, :func:`allreduce_error`,
+:func:`overflow_experiment`, :func:`error_feedback`, :func:`allreduce_throughput`) are here for
+that reason, and each needs a single launch.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from mpcourse.formats import get_format, round_to
+
+WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+AVERAGING = ("sum_then_divide", "divide_then_sum", "split", "reduce_op_avg")
+
+
+# ---------------------------------------------------------------------------------------------
+# Launching processes
+
+class WorkerError(RuntimeError):
+    """A worker process failed; the message holds its rank and its traceback."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_backend(world_size: int) -> str:
+    """``"nccl"`` when every rank can have a GPU of its own, else ``"gloo"`` (CPU tensors)."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return "nccl" if dist.is_nccl_available() and gpus >= world_size else "gloo"
+
+
+def rank_device() -> torch.device:
+    """The device this rank's tensors live on: its own GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _context():
+    # A fork server imports torch once and forks every worker from that warm process: starting a
+    # worker then costs milliseconds instead of the seconds of a fresh `import torch`. Like spawn
+    # (and unlike fork) it works from a notebook. Windows has neither, so spawn there.
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__, "mpcourse.workloads", "sklearn.datasets"])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+def _worker(rank, world_size, port, backend, timeout, fn, args, writer):
+    """The body of each worker process: join the group, run fn, send back the outcome.
+
+    The outcome is ``(time, error, result)``: when it was sent, the traceback or None, and fn's
+    return value. It is pickled here, so tensors travel by value.
+    """
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)  # the workers share the machine's cores
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout))
+        message = pickle.dumps((time.time(), None, fn(rank, world_size, *args)))
+    except BaseException:
+        message = pickle.dumps((time.time(), traceback.format_exc(), None))
+    # Sent before the group is destroyed: a rank that fails is heard from before the ranks that
+    # fail because of it (they notice only when its connections close).
+    writer.send_bytes(message)
+    writer.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _check_importable(fn) -> None:
+    qualname = getattr(fn, "__qualname__", "")
+    if not callable(fn):
+        raise TypeError(f"run_workers takes a function, not {type(fn).__name__}")
+    if getattr(fn, "__module__", None) == "__main__" or "<" in qualname:
+        raise TypeError(
+            f"run_workers cannot send {qualname or fn!r} to the workers: each worker process "
+            "imports the function by name, so it must be defined at the top level of an "
+            "importable module (a .py file), not in a notebook, a script's __main__, a lambda "
+            "or another function")
+
+
+def run_workers(fn, world_size: int, *args, backend: str | None = None,
+                timeout: float = 120.0) -> list:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes joined in a process group.
+
+    Each process sets ``MASTER_ADDR=127.0.0.1`` and ``MASTER_PORT`` (a free port chosen now),
+    calls ``torch.distributed.init_process_group``, runs ``fn``, and destroys the group. The
+    return values come back to the caller, pickled, as a list in rank order.
+
+    ``fn`` and everything in ``args`` are pickled too, and the workers import ``fn`` by name: it
+    must live at the top level of an importable module, which is why the chapter's experiments
+    are functions of this module rather than of the notebook. From a script, call this under
+    ``if __name__ == "__main__":``, since the workers import the script as well.
+
+    Args:
+        fn: the function each rank runs; it may use ``torch.distributed`` freely.
+        world_size: number of processes (ranks), at least 1.
+        backend: ``"gloo"`` or ``"nccl"``; by default :func:`default_backend`. Under NCCL, rank
+            ``r`` uses GPU ``r``: put tensors on :func:`rank_device`.
+        timeout: seconds for the whole run, and for each collective inside it.
+
+    Raises:
+        WorkerError: a rank raised or died. The message names the rank that failed first, with
+            its traceback; the other ranks, which may be waiting for it inside a collective,
+            are stopped.
+        TimeoutError: the ranks did not all finish within ``timeout``; all are stopped.
+    """
+    _check_importable(fn)
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a whole number >= 1, got {world_size!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    backend = backend or default_backend(world_size)
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(f"the nccl backend needs one GPU per rank: {world_size} ranks, "
+                         f"{torch.cuda.device_count()} GPUs; use backend='gloo'")
+
+    context, port = _context(), free_port()
+    workers, readers, outcomes = [], [], {}
+    try:
+        for rank in range(world_size):
+            reader, writer = context.Pipe(duplex=False)
+            worker = context.Process(target=_worker, daemon=True, args=(
+                rank, world_size, port, backend, timeout, fn, args, writer))
+            worker.start()
+            writer.close()  # keep only the reading end: it reports EOF if the worker dies
+            workers.append(worker)
+            readers.append(reader)
+        outcomes = _collect(readers, workers, timeout)
+    finally:
+        succeeded = len(outcomes) == world_size and not any(e for _, e, _ in outcomes.values())
+        for worker in workers:  # after a success they exit by themselves; otherwise stop them
+            worker.join(timeout=5 if succeeded else 0.2)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+        for reader in readers:
+            reader.close()
+
+    failures = sorted((sent, rank, error) for rank, (sent, error, _) in outcomes.items() if error)
+    if failures:
+        _, rank, error = failures[0]
+        later = [r for _, r, _ in failures[1:]]
+        also = f" (then ranks {later}, probably in consequence)" if later else ""
+        raise WorkerError(f"rank {rank} of {world_size} failed{also}:\n{error}")
+    if len(outcomes) < world_size:
+        waiting = [rank for rank in range(world_size) if rank not in outcomes]
+        raise TimeoutError(f"ranks {waiting} did not finish within {timeout} s; all were stopped")
+    return [outcomes[rank][2] for rank in range(world_size)]
+
+
+def _collect(readers, workers, timeout) -> dict:
+    """Each rank's outcome ``(time, error, result)``, as they arrive: all of them, or what has
+    arrived by the deadline, which moves to one second after the first failure."""
+    outcomes, pending = {}, dict(zip(readers, range(len(readers))))
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for reader in multiprocessing.connection.wait(list(pending), deadline - time.monotonic()):
+            rank = pending.pop(reader)
+            try:
+                outcomes[rank] = pickle.loads(reader.recv_bytes())
+            except EOFError:  # died without a word (killed, os._exit): when is unknown, and it
+                workers[rank].join(timeout=1)  # is more likely a cause than a consequence
+                outcomes[rank] = (0.0, f"the process died (exit code {workers[rank].exitcode}) "
+                                  "before returning a result; its standard error says why",
+                                  None)
+        if any(error for _, error, _ in outcomes.values()):
+            deadline = min(deadline, time.monotonic() + 1.0)
+    return outcomes
+
+
+# ---------------------------------------------------------------------------------------------
+# What each rank holds
+
+@functools.lru_cache(maxsize=1)
+def _digits_train():
+    from mpcourse.workloads import load_digits
+    return load_digits()[0]
+
+
+def local_gradient(rank: int, *, kind: str = "digits", step: int = 0, seed: int = 0,
+                   batch_size: int = 32, device="cpu") -> torch.Tensor:
+    """The FP32 gradient vector rank ``rank`` holds at ``step``, the same in every process.
+
+    ``kind="digits"``: the gradient of the mean cross-entropy of a ``DigitsMLP`` (weights drawn
+    from ``seed``, the same on every rank, as in data parallelism) on this rank's own mini-batch
+    of ``batch_size`` training digits, drawn from ``(seed, step, rank)``; 26,122 values.
+    ``kind="lognormal"``: 4,096 values with random signs and magnitudes ``2**z``, ``z`` normal
+    with mean -10 and standard deviation 2: a synthetic gradient spanning a dozen binades.
+    """
+    if kind == "lognormal":
+        draw = torch.Generator().manual_seed(_draw_seed(rank, step, seed))
+        magnitude = torch.exp2(-10 + 2 * torch.randn(4096, generator=draw))
+        sign = torch.where(torch.rand(4096, generator=draw) < 0.5, -1.0, 1.0)
+        return (sign * magnitude).to(device)
+    _check_kind(kind)
+    x, y = rank_batch(rank, step=step, seed=seed, batch_size=batch_size)
+    model = digits_model(seed).to(device)
+    F.cross_entropy(model(x.to(device)), y.to(device)).backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def _check_kind(kind) -> None:
+    if kind not in ("digits", "lognormal"):
+        raise ValueError(f"kind must be 'digits' or 'lognormal', got {kind!r}")
+
+
+def _draw_seed(rank: int, step: int, seed: int) -> int:
+    return 1_000_003 * seed + 1009 * step + rank
+
+
+def rank_batch(rank: int, *, step: int = 0, seed: int = 0, batch_size: int = 32):
+    """Rank ``rank``'s mini-batch ``(x, y)`` of training digits at ``step``, drawn from
+    ``(seed, step, rank)``."""
+    train = _digits_train()
+    draw = torch.Generator().manual_seed(_draw_seed(rank, step, seed))
+    index = torch.randperm(len(train), generator=draw)[:batch_size]
+    return train.x[index], train.y[index]
+
+
+def digits_model(seed: int = 0):
+    """The ``DigitsMLP`` every rank starts from, its weights drawn from ``seed`` (the global
+    random state is left as it was)."""
+    from mpcourse.workloads import DigitsMLP
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return DigitsMLP()
+
+
+# ---------------------------------------------------------------------------------------------
+# The all-reduce, real and emulated
+
+def _wire_dtype(wire) -> torch.dtype:
+    name = get_format(wire).name
+    if name not in WIRE_DTYPES:
+        raise ValueError(f"the wire format must be one of {', '.join(WIRE_DTYPES)}, got {wire!r}")
+    return WIRE_DTYPES[name]
+
+
+def split_factors(world_size: int) -> tuple[int, int]:
+    """``(before, after)``: divide by a power of two near ``sqrt(N)`` before the sum, the rest
+    after, so the sum grows only about ``sqrt(N)``-fold and values sink only ``log2(N) / 2``
+    binades (the idea PyTorch's FSDP2 uses for FP16 reductions)."""
+    before = 2 ** (max(world_size.bit_length() - 1, 0) // 2)
+    return before, world_size / before
+
+
+def allreduce_mean(gradient: torch.Tensor, wire="fp32", *, averaging: str = "divide_then_sum",
+                   group=None) -> torch.Tensor:
+    """The mean of ``gradient`` over the ranks of ``group``, communicated in ``wire`` format.
+
+    Every rank calls it with its own FP32 gradient and gets the same FP32 mean back. The
+    gradient is cast to the wire dtype (FP32, FP16 or BF16), all-reduced with SUM, and cast back.
+    Where the division by ``N`` happens is ``averaging``:
+
+    - ``"sum_then_divide"``: ``(sum_r fl(g_r)) / N``. The partial sums can overflow FP16.
+    - ``"divide_then_sum"``: ``sum_r fl(g_r / N)``, as PyTorch DDP and its FP16/BF16
+      compression hooks do. No overflow, but every value sinks ``log2(N)`` binades toward
+      underflow.
+    - ``"split"``: divide by ``before`` first and by ``after`` last, :func:`split_factors`.
+    - ``"reduce_op_avg"``: ``ReduceOp.AVG``, whatever the backend makes of it (gloo sums, then
+      divides in the wire dtype; NCCL multiplies each contribution by ``1/N`` first).
+
+    Infinities and NaNs travel through, as in any all-reduce: a loss scaler downstream must see
+    them.
+    """
+    if averaging not in AVERAGING:
+        raise ValueError(f"averaging must be one of {', '.join(AVERAGING)}, got {averaging!r}")
+    _check_gradient(gradient)
+    dtype, n = _wire_dtype(wire), dist.get_world_size(group)
+    before, after = {"sum_then_divide": (1, n), "divide_then_sum": (n, 1),
+                     "split": split_factors(n), "reduce_op_avg": (1, 1)}[averaging]
+    message = (gradient.float() / before).to(dtype)
+    op = dist.ReduceOp.AVG if averaging == "reduce_op_avg" else dist.ReduceOp.SUM
+    dist.all_reduce(message, op=op, group=group)
+    return message.float() / after
+
+
+def _check_gradient(gradient) -> None:
+    if not isinstance(gradient, torch.Tensor) or not gradient.is_floating_point():
+        raise TypeError(f"a gradient is a floating-point tensor, not "
+                        f"{getattr(gradient, 'dtype', type(gradient).__name__)}")
+    if gradient.numel() == 0:
+        raise ValueError("the gradient is empty: there is nothing to communicate")
+
+
+def _check_rank_tensors(tensors, what: str) -> None:
+    if not isinstance(tensors, (list, tuple)) or not tensors:
+        raise ValueError(f"{what} takes a non-empty list of tensors, one per rank")
+    for t in tensors:
+        _check_gradient(t)
+    if any(t.shape != tensors[0].shape for t in tensors):
+        raise ValueError("every rank's tensor must have the same shape")
+
+
+def _allreduce_sum_worker(rank, world_size, tensors, wire):
+    message = tensors[rank].to(rank_device(), WIRE_DTYPES[wire], copy=True)
+    dist.all_reduce(message)
+    return message.float().cpu() if rank == 0 else None
+
+
+def allreduce_sum(tensors, wire="fp32", *, backend=None) -> torch.Tensor:
+    """All-reduce SUM for real: rank ``r`` of ``len(tensors)`` processes casts ``tensors[r]`` to
+    the wire format and calls ``torch.distributed.all_reduce``. Returns the sum (float32), as
+    every rank receives it."""
+    _check_rank_tensors(tensors, "allreduce_sum")
+    wire = get_format(wire).name
+    _wire_dtype(wire)
+    tensors = [t.detach().cpu() for t in tensors]
+    return run_workers(_allreduce_sum_worker, len(tensors), tensors, wire, backend=backend)[0]
+
+
+def gloo_ring_order(numel: int, element_size: int, world_size: int) -> torch.Tensor:
+    """For each element, the rank whose value starts its sum in gloo's ring all-reduce.
+
+    Gloo cuts the message into ``S`` segments (``S`` a multiple of ``N``, at least ``2N``, each at
+    most 1 MiB); rank ``r`` finishes chunk ``r``, the ``r``-th run of ``S / N`` segments. The sum
+    of an element in chunk ``c`` starts from rank ``c - 1``'s value and picks up ranks
+    ``c - 2, c - 3, ...`` down to ``c`` (indices modulo ``N``), one rounded addition per hop.
+
+    This is gloo's TCP ring, which PyTorch's gloo backend runs for processes started as
+    :func:`run_workers` starts them (checked bit for bit by :func:`allreduce_error`). Some gloo
+    builds add a shared-memory path for ranks that torchrun starts on one node; it adds the
+    ranks in order 0, 1, ..., N - 1 instead.
+    """
+    max_segment = 2**20 // element_size * element_size
+    total = numel * element_size
+    segments = max(math.ceil(total / max_segment), 2 * world_size)
+    segments = math.ceil(segments / world_size) * world_size
+    segment_bytes = math.ceil(math.ceil(total / segments) / element_size) * element_size
+    chunk = (torch.arange(numel) * element_size // segment_bytes) // (segments // world_size)
+    return (chunk - 1) % world_size
+
+
+def ring_allreduce_reference(tensors, wire="fp16") -> torch.Tensor:
+    """What a ring all-reduce SUM of ``tensors`` (one per rank) returns in ``wire`` format,
+    computed locally and exactly, in gloo's order (:func:`gloo_ring_order`)::
+
+        s = fl(x_first);  then for each next rank r:  s = fl(s + fl(x_r))
+
+    where ``fl`` rounds to the wire format (each addition is done exactly, then rounded once, as
+    IEEE arithmetic does; infinities and NaNs propagate). Returns float32, shaped like the inputs.
+    """
+    _check_rank_tensors(tensors, "ring_allreduce_reference")
+    fmt = get_format(wire)
+    dtype = _wire_dtype(fmt)
+    n = len(tensors)
+    values = torch.stack([round_to(t.detach().reshape(-1).cpu().double(), fmt) for t in tensors])
+    first = gloo_ring_order(values.shape[1], torch.finfo(dtype).bits // 8, n)
+    columns = torch.arange(values.shape[1])
+    total = values[first, columns].double()
+    for hop in range(1, n):
+        total = round_to(total + values[(first - hop) % n, columns].double(), fmt)
+    return total.float().reshape(tensors[0].shape)
+
+
+def ring_traffic_bytes(message_bytes: float, world_size: int) -> float:
+    """Bytes each rank sends (and receives) in a ring all-reduce: ``2 (N - 1) / N * message``.
+
+    Half of it is the reduce-scatter (``N - 1`` steps of one chunk of ``message / N``), half the
+    all-gather that hands the finished chunks around.
+    """
+    return 2 * (world_size - 1) / world_size * message_bytes
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiments: each is one launch of processes, and returns plain results to the caller.
+
+def relative_error(result: torch.Tensor, exact: torch.Tensor) -> float:
+    """``||result - exact|| / ||exact||`` (2-norms, in float64); inf if ``result`` is not finite."""
+    result, exact = result.double().cpu(), exact.double().cpu()
+    if not bool(torch.isfinite(result).all()):
+        return math.inf
+    return (torch.linalg.vector_norm(result - exact) / torch.linalg.vector_norm(exact)).item()
+
+
+@dataclass(frozen=True)
+class AllreduceError:
+    """One all-reduce SUM, measured: ``relative_error`` of the wire-format sum against the exact
+    (float64) sum of the FP32 inputs; ``cast_error`` the part due to rounding the inputs alone
+    (the exact sum of the rounded inputs); ``matches_ring`` whether the real all-reduce equals
+    :func:`ring_allreduce_reference` bit for bit."""
+
+    world_size: int
+    wire: str
+    relative_error: float
+    cast_error: float
+    matches_ring: bool
+
+
+def _allreduce_error_worker(rank, world_size, world_sizes, wires, kind, seed):
+    gradient = local_gradient(rank, kind=kind, seed=seed, device=rank_device())
+    sums = {}
+    for n in world_sizes:
+        group = dist.new_group(list(range(n)))  # every rank takes part in creating every group
+        if rank < n:
+            for wire in wires:
+                message = gradient.to(WIRE_DTYPES[wire], copy=True)
+                dist.all_reduce(message, group=group)
+                sums[n, wire] = message.float().cpu()
+    return gradient.cpu(), sums if rank == 0 else None
+
+
+def allreduce_error(world_sizes=(2, 4, 8), wires=("fp32", "fp16", "bf16"), *, kind="digits",
+                    seed=0, backend=None) -> list[AllreduceError]:
+    """All-reduce SUM each rank's :func:`local_gradient` in each wire format, over groups of the
+    first ``n`` ranks for each ``n`` in ``world_sizes`` (one launch of ``max(world_sizes)``
+    processes), and measure each result against the float64 sum computed here."""
+    world_sizes, wires = tuple(world_sizes), tuple(get_format(w).name for w in wires)
+    for wire in wires:
+        _wire_dtype(wire)
+    _check_kind(kind)
+    if not world_sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                              for n in world_sizes):
+        raise ValueError(f"world_sizes must be whole numbers >= 1, got {world_sizes!r}")
+    results = run_workers(_allreduce_error_worker, max(world_sizes), world_sizes, wires, kind, seed,
+                          backend=backend)
+    inputs, sums = [gradient for gradient, _ in results], results[0][1]
+    rows = []
+    for n in world_sizes:
+        exact = torch.stack(inputs[:n]).double().sum(0)
+        for wire in wires:
+            rounded = torch.stack([round_to(g.double(), wire) for g in inputs[:n]]).double().sum(0)
+            rows.append(AllreduceError(
+                n, wire, relative_error(sums[n, wire], exact), relative_error(rounded, exact),
+                torch.equal(sums[n, wire], ring_allreduce_reference(inputs[:n], wire))))
+    return rows
+
+
+@dataclass(frozen=True)
+class AveragingResult:
+    """The mean of N ranks' gradients in one wire format with one ``averaging`` strategy:
+    how many values came out inf or NaN, how many non-zero means came out as zero, and the
+    relative error against the exact mean (inf when anything overflowed)."""
+
+    averaging: str
+    nonfinite: int
+    flushed_to_zero: int
+    relative_error: float
+
+
+def _overflow_worker(rank, world_size, scale, wire, seed):
+    gradient = local_gradient(rank, seed=seed, device=rank_device()) * scale
+    means = {averaging: allreduce_mean(gradient, wire, averaging=averaging).cpu()
+             for averaging in AVERAGING}
+    return gradient.cpu(), means if rank == 0 else None
+
+
+def overflow_experiment(world_size: int = 8, scale: float = 1.0, wire="fp16", *, seed=0,
+                        backend=None) -> list[AveragingResult]:
+    """Average ``scale`` times each rank's digits gradient over ``world_size`` ranks with each
+    strategy of :func:`allreduce_mean` (one launch), against the exact mean computed here."""
+    wire = get_format(wire).name
+    _wire_dtype(wire)
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    results = run_workers(_overflow_worker, world_size, float(scale), wire, seed, backend=backend)
+    exact = torch.stack([gradient for gradient, _ in results]).double().mean(0)
+    rows = []
+    for averaging, mean in results[0][1].items():
+        rows.append(AveragingResult(averaging, int((~torch.isfinite(mean)).sum()),
+                                    int(((mean == 0) & (exact != 0)).sum()),
+                                    relative_error(mean, exact)))
+    return rows
+
+
+@dataclass(frozen=True)
+class FeedbackResult:
+    """Error feedback over the steps: for each variant (``"without feedback"``, ``"with
+    feedback"``), ``accumulated_error[variant][t]`` is ``||what was communicated up to step t -
+    the exact sum up to step t||``, and ``exact_norm[t]`` the norm of that exact sum (summed over
+    ranks and steps); ``never_sent[variant]`` counts the values whose communicated total is
+    still zero at the end although their exact total is not."""
+
+    accumulated_error: dict
+    exact_norm: list
+    never_sent: dict
+
+
+def _gather_sums(messages, world_size) -> list[torch.Tensor]:
+    """All-gather every rank's FP8 messages (codes and scale) in one go, and return for each
+    message the FP32 sum of all ranks' decoded values (in rank order, the same on every rank)."""
+    # gloo has no float8 dtype: send the bytes. The 4-byte scales go first, to stay aligned.
+    packed = torch.cat([q.scale.reshape(1).view(torch.uint8) for q in messages] +
+                       [q.data.view(torch.uint8) for q in messages])
+    received = [torch.empty_like(packed) for _ in range(world_size)]
+    dist.all_gather(received, packed)
+    sums, offset = [], 4 * len(messages)
+    for i, q in enumerate(messages):
+        total = torch.zeros(q.data.shape, dtype=torch.float32, device=packed.device)
+        for buffer in received:
+            scale = buffer[4 * i:4 * i + 4].view(torch.float32)
+            total += buffer[offset:offset + q.data.numel()].view(q.data.dtype).float() / scale
+        sums.append(total)
+        offset += q.data.numel()
+    return sums
+
+
+def _error_feedback_worker(rank, world_size, steps, fmt, seed):
+    from mpcourse.fp8 import quantize
+
+    residual = None
+    variants = ("without feedback", "with feedback")
+    sent = dict.fromkeys(variants, 0.0)
+    sent_history, own_history, own_total = {name: [] for name in variants}, [], 0.0
+    for step in range(steps):
+        gradient = local_gradient(rank, step=step, seed=seed, device=rank_device())
+        corrected = gradient if residual is None else gradient + residual
+        plain, fed = quantize(gradient, fmt), quantize(corrected, fmt)
+        residual = corrected - fed.dequantize()  # what was not sent: send it next time
+        for name, total in zip(variants, _gather_sums([plain, fed], world_size)):
+            sent[name] = sent[name] + total.double()
+            if rank == 0:
+                sent_history[name].append(sent[name])
+        own_total = own_total + gradient.double()
+        own_history.append(own_total)
+    # The reference: each rank's exact running sum, step by step, added up across ranks in FP64.
+    exact = torch.stack(own_history)
+    dist.reduce(exact, dst=0)
+    if rank != 0:
+        return None
+    errors = {name: torch.linalg.vector_norm(torch.stack(sent_history[name]) - exact, dim=1)
+              for name in variants}
+    never_sent = {name: int(((sent[name] == 0) & (exact[-1] != 0)).sum()) for name in variants}
+    return FeedbackResult({name: e.cpu().tolist() for name, e in errors.items()},
+                          torch.linalg.vector_norm(exact, dim=1).cpu().tolist(), never_sent)
+
+
+def error_feedback(world_size: int = 4, steps: int = 50, fmt="e4m3", *, seed=0,
+                   backend=None) -> FeedbackResult:
+    """Communicate digits gradients compressed to FP8 (one scale per tensor, via
+    :func:`mpcourse.fp8.quantize`) for ``steps`` steps, with and without error feedback.
+
+    The weights stay fixed (only the communication is under study), each step's gradients come
+    from fresh mini-batches. With feedback, each rank adds to its gradient the residual it failed
+    to send last step, ``e_t = (g_t + e_{t-1}) - decompress(compress(g_t + e_{t-1}))``, so the sum
+    of what it sent up to step t is ``sum g - e_t``: the accumulated error stays the size of the
+    ranks' current residuals instead of growing with t.
+    The compressed messages are all-gathered (each rank has its own scale) and summed in FP32.
+    """
+    fmt = get_format(fmt)
+    if fmt.name not in ("e4m3", "e5m2"):
+        raise ValueError(f"error_feedback compresses to FP8, 'e4m3' or 'e5m2', not {fmt.name!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a whole number >= 1, got {steps!r}")
+    return run_workers(_error_feedback_worker, world_size, steps, fmt.name, seed,
+                       backend=backend)[0]
+
+
+def _throughput_worker(rank, world_size, sizes, wires, repeats):
+    device, timings = rank_device(), {}
+    for numel in sizes:
+        for wire in wires:
+            message = torch.zeros(numel, dtype=WIRE_DTYPES[wire], device=device)
+            dist.all_reduce(message)  # warm up the connections and buffers
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                dist.all_reduce(message)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            timings[numel, wire] = (time.perf_counter() - start) / repeats
+    return timings if rank == 0 else None
+
+
+def allreduce_throughput(world_size: int = 4, sizes=(2**16, 2**20, 2**22),
+                         wires=("fp32", "fp16", "bf16"), *, repeats: int = 3, backend=None) -> dict:
+    """Seconds per all-reduce of ``numel`` elements in each wire format, measured on rank 0:
+    ``{(numel, wire): seconds}``. On one machine with gloo this is loopback TCP through the
+    CPU, not a network: the numbers say what this machine does, not what a cluster link does."""
+    wires = tuple(get_format(w).name for w in wires)
+    for wire in wires:
+        _wire_dtype(wire)
+    return run_workers(_throughput_worker, world_size, tuple(sizes), wires, repeats,
+                       backend=backend)[0]
