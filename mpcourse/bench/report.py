@@ -100,10 +100,12 @@ def plot_roofline(results: SuiteResults, ax=None):
     return ax
 
 
-def plot_precisions(results: SuiteResults, ax=None):
-    """The transformer block's forward and training-step time per precision (skipped: marked)."""
+def plot_precisions(results, ax=None):
+    """The transformer block's forward and training-step time per precision (skipped: marked).
+
+    ``results``: a :class:`SuiteResults`, or the :class:`PrecisionComparison` itself."""
     ax = _axes(ax)
-    rows = results.precisions.rows
+    rows = getattr(results, "precisions", results).rows
     x = np.arange(len(rows))
     for offset, attribute, label, hatch in ((-0.2, "forward_ms", "forward (no grad)", None),
                                             (0.2, "step_ms", "forward + backward", "..")):
