@@ -22,6 +22,16 @@ def _cell(value) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def pow2(x: float, digits: int = 6) -> str:
+    """``"2^k"`` for an exact power of two, otherwise ``x`` to ``digits`` significant digits.
+
+    >>> pow2(2.0**-24), pow2(65504.0), pow2(0.1, 3)
+    ('2^-24', '65504', '0.1')
+    """
+    mantissa, exponent = math.frexp(x)
+    return f"2^{exponent - 1}" if mantissa == 0.5 else f"{x:.{digits}g}"
+
+
 def markdown_table(rows, headers) -> Markdown:
     r"""A Markdown table with one row per item of ``rows`` (each a sequence of cells).
 
