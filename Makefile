@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test test-gpu venv check-exhaustive bench pretrained sync-notebooks clean
+.PHONY: book test test-gpu venv exercises grade-demo check-exhaustive bench pretrained sync-notebooks clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,15 @@ test-gpu: $(STAMP)
 	$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu needs a CUDA GPU that torch can see')"
 	MPCOURSE_DEVICE=cuda $(BIN)/python -m pytest
 
+# Regenerates the student release exercises/ from the nbgrader source in solutions/ (commit both).
+exercises: $(STAMP)
+	$(BIN)/python tools/autograde.py release
+
+# A whole grading session in grade-demo/: release, fabricated submissions (full, blank, partial,
+# reference-calling, hostile), autograde, feedback HTML and a grade CSV, then the score table.
+grade-demo: $(STAMP)
+	$(BIN)/python tools/autograde.py demo --out grade-demo
+
 # Not part of `make test`: compares round_to with ml_dtypes on all 2**32 float32 inputs.
 check-exhaustive: $(STAMP)
 	$(BIN)/python tools/check_exhaustive.py
@@ -46,9 +55,10 @@ bench: $(STAMP)
 pretrained: $(STAMP)
 	$(BIN)/python tools/train_pretrained.py
 
-# Rewrites each notebook's Colab set-up cell from the repository URL in _config.yml.
+# Rewrites each notebook's Colab set-up cell (book/ and solutions/) from the repository URL in
+# _config.yml; run `make exercises` after it.
 sync-notebooks: $(STAMP)
 	$(BIN)/python tools/sync_colab_cells.py
 
 clean:
-	rm -rf _build .pytest_cache
+	rm -rf _build .pytest_cache grade-demo

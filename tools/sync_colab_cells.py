@@ -1,4 +1,5 @@
-"""Write each book notebook's Colab set-up cell from the repository URL in _config.yml.
+"""Write the Colab set-up cell of each book notebook and exercise source from the repository URL
+in _config.yml (then `make exercises` carries it into the released exercises).
 
 The set-up cell is the code cell tagged `colab-setup`. On Colab it installs `mpcourse` from the
 repository without touching Colab's own torch (the package asks only for `torch>=2.1`); locally,
@@ -29,6 +30,10 @@ def notebooks():
     return sorted(p for p in (ROOT / "book").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 
 
+def exercise_sources():
+    return sorted((ROOT / "solutions").glob("*/*.ipynb"))
+
+
 def stale(path: Path, source: str) -> bool:
     cells = json.loads(path.read_text())["cells"]
     tagged = [c for c in cells if TAG in c.get("metadata", {}).get("tags", [])]
@@ -45,7 +50,7 @@ def sync(path: Path, source: str) -> None:
 
 if __name__ == "__main__":
     source = setup_cell_source()
-    out_of_date = [p for p in notebooks() if stale(p, source)]
+    out_of_date = [p for p in notebooks() + exercise_sources() if stale(p, source)]
     if "--check" in sys.argv:
         for p in out_of_date:
             print(f"stale Colab set-up cell: {p.relative_to(ROOT)}")

@@ -1,0 +1,195 @@
+"""The exercises' checker: friendly per-part messages for students, guard rails for the grader.
+
+Every graded test cell of an exercise notebook has the same shape::
+
+    grading.start("Part 2")          # checks nothing the tests rely on was tampered with
+    assert ..., "a message that says what is wrong"
+    ### BEGIN HIDDEN TESTS            (only in the instructor's source)
+    ...
+    ### END HIDDEN TESTS
+    grading.passed("Part 2")          # prints a green tick; reached only if every assert held
+
+nbgrader gives a test cell its points when it runs without an error, so the asserts do the
+grading. Run top to bottom, on Colab or anywhere else, the same cells tell a student which parts
+already pass, with no Jupyter extension. `summary()` prints the parts checked so far.
+
+Two guard rails keep the grade honest:
+
+- `own_work` runs a student's function while watching which Python code executes. An exercise
+  part asks for an implementation from NumPy/torch primitives; a submission that just calls the
+  matching reference in `mpcourse` fails that part (its other parts still count).
+- `start` checks that the functions the tests rely on (``numpy.allclose``,
+  ``torch.testing.assert_close``, ``isinstance``, this module's own, ...) are still the real ones,
+  so a submission that replaces them with something that always agrees fails instead of passing.
+
+These run inside the student's Python process, as every nbgrader test does, so they stop
+accidents and casual tampering, not a determined attacker: see the instructor guide's section on
+running the grader in a sandbox.
+"""
+import builtins
+import contextlib
+import math
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import torch
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_THIS_FILE = Path(__file__).resolve()
+
+# The names the tests (and this module) rely on, per module. Taken when this module is first
+# imported, which the exercises do in a read-only cell before any student code runs.
+_GUARDED = {
+    builtins: ["abs", "all", "any", "isinstance", "len", "float", "int", "max", "min", "print",
+               "range", "round", "sum", "type", "callable", "hasattr", "getattr", "iter", "zip"],
+    math: ["isclose", "isfinite", "isnan", "isinf", "log", "log2", "log10", "exp"],
+    np: ["allclose", "isclose", "array_equal", "asarray", "array", "abs", "max", "min", "all",
+         "any", "isnan", "isinf", "isfinite", "log", "log2", "log10", "polyfit", "mean", "median",
+         "sum", "exp", "float32", "float64"],
+    np.testing: ["assert_allclose", "assert_array_equal", "assert_equal"],
+    torch: ["allclose", "isclose", "equal", "tensor", "as_tensor", "from_numpy", "isnan", "isinf",
+            "isfinite", "abs", "max", "min", "all", "any", "exp", "softmax", "zeros", "ones",
+            "randn", "rand", "manual_seed", "matmul", "float16", "bfloat16", "float32", "float64"],
+    torch.testing: ["assert_close"],
+    torch.Tensor: ["__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__abs__", "__sub__",
+                   "__truediv__", "__mul__", "__add__", "abs", "all", "any", "item", "tolist",
+                   "allclose", "equal", "isnan", "isinf", "isfinite", "max", "min", "to", "float",
+                   "double", "numpy", "sum", "mean", "exp"],
+}
+_ORIGINALS = {(owner, name): getattr(owner, name) for owner, names in _GUARDED.items()
+              for name in names}
+_OWN_NAMES = ["start", "passed", "summary", "own_work", "assert_close", "_check_untampered",
+              "_is_genuine"]
+_OWN_ORIGINALS = {name: globals().get(name) for name in _OWN_NAMES}  # completed at the end
+
+_parts_passed: dict[str, str] = {}
+
+
+class TamperingError(AssertionError):
+    """Raised when a function the tests rely on has been replaced."""
+
+
+# Where genuine code lives: numpy's and torch's packages and the standard library. Code typed
+# into a notebook cell lives in a temporary file of the kernel's, outside all three.
+_TRUSTED_DIRS = [Path(m.__file__).resolve().parent for m in (np, torch)] + [
+    Path(contextlib.__file__).resolve().parent]
+
+
+def _is_genuine(obj) -> bool:
+    """True if `obj` is implemented in C, or in numpy's, torch's or the standard library's files."""
+    inner = getattr(obj, "__func__", None) or getattr(obj, "_implementation", None) or obj
+    code = getattr(getattr(inner, "__wrapped__", inner), "__code__", None)
+    if code is None:  # a C function, a dtype or a class: its type must come from a trusted module
+        return type(obj).__module__.split(".")[0] in ("builtins", "numpy", "torch")
+    return any(Path(code.co_filename).resolve().is_relative_to(d) for d in _TRUSTED_DIRS)
+
+
+def _check_untampered() -> None:
+    replaced = []
+    for (owner, name), original in _ORIGINALS.items():
+        label = f"{getattr(owner, '__name__', owner)}.{name}"
+        if getattr(owner, name, None) is not original or not _is_genuine(original):
+            replaced.append(label)
+    module = sys.modules[__name__]
+    for name, original in _OWN_ORIGINALS.items():
+        if getattr(module, name, None) is not original:
+            replaced.append(f"mpcourse.grading.{name}")
+    if replaced:
+        raise TamperingError(
+            "The tests cannot trust this notebook: these functions were replaced: "
+            + ", ".join(replaced) + ". Restart the kernel and remove the code that replaces them.")
+
+
+def start(part: str) -> None:
+    """Begin the tests of `part`: refuses to go on if a function the tests use was replaced."""
+    _check_untampered()
+    _parts_passed.pop(part, None)
+
+
+def passed(part: str) -> None:
+    """Record and announce that every test of `part` in this cell held."""
+    _check_untampered()
+    _parts_passed[part] = "passed"
+    print(f"\N{CHECK MARK} {part}: all tests in this cell pass.")
+
+
+def summary() -> None:
+    """Print the parts whose test cells have passed in this session."""
+    if not _parts_passed:
+        print("No part has passed its tests yet: run the test cell after each part.")
+    for part in _parts_passed:
+        print(f"\N{CHECK MARK} {part}")
+
+
+@contextlib.contextmanager
+def _watch_calls_into(directory: Path, excluded: Path):
+    """Yield a list that fills with the mpcourse functions called inside the block."""
+    calls: list[str] = []
+
+    def profiler(frame, event, arg):
+        if event == "call":
+            filename = frame.f_code.co_filename
+            if filename.startswith(str(directory)) and Path(filename).resolve() != excluded:
+                calls.append(f"{Path(filename).stem}.{frame.f_code.co_name}")
+
+    previous = sys.getprofile()
+    sys.setprofile(profiler)
+    threading.setprofile(profiler)
+    try:
+        yield calls
+    finally:
+        still_ours = sys.getprofile() is profiler
+        sys.setprofile(previous)
+        threading.setprofile(None)
+        if not still_ours:
+            calls.append("(the grader's call watcher was switched off)")
+
+
+def own_work(function, *args, **kwargs):
+    """Call a student's `function(*args, **kwargs)` and return its result, failing if it used
+    `mpcourse`'s reference implementation: the exercise asks for one built from NumPy/torch."""
+    if not callable(function):
+        raise AssertionError(f"expected a function, got {type(function).__name__}")
+    with _watch_calls_into(_PACKAGE_DIR, _THIS_FILE) as calls:
+        result = function(*args, **kwargs)
+    if calls:
+        names = ", ".join(sorted(set(calls))[:5])
+        raise AssertionError(
+            f"{getattr(function, '__name__', 'your code')} calls the course library ({names}). "
+            "This part asks you to implement it yourself from NumPy/torch operations.")
+    return result
+
+
+def assert_close(actual, expected, *, rtol: float = 1e-6, atol: float = 0.0, what: str = "result"):
+    """Assert `actual` equals `expected` within `atol + rtol*|expected|`, with a message that
+    names what differs (type, shape, NaN/inf pattern or the largest difference)."""
+    if isinstance(actual, (int, float)) and not isinstance(actual, bool):
+        actual = np.float64(actual)
+    if isinstance(actual, torch.Tensor):
+        actual = actual.detach().cpu().double().numpy()
+    if not isinstance(actual, (np.ndarray, np.floating, np.integer)):
+        raise AssertionError(f"{what} should be a number, array or tensor, got {type(actual).__name__}")
+    if isinstance(expected, torch.Tensor):
+        expected = expected.detach().cpu().double().numpy()
+    actual, expected = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    if actual.shape != expected.shape:
+        raise AssertionError(f"{what} has shape {actual.shape}, expected {expected.shape}")
+    if not np.array_equal(np.isnan(actual), np.isnan(expected)):
+        raise AssertionError(f"{what} has NaN where the expected value does not (or vice versa)")
+    finite = np.isfinite(expected)
+    if not np.array_equal(actual[~finite & ~np.isnan(expected)], expected[~finite & ~np.isnan(expected)]):
+        raise AssertionError(f"{what} has a different pattern of infinities than expected")
+    difference = np.abs(actual[finite] - expected[finite])
+    allowed = atol + rtol * np.abs(expected[finite])
+    if difference.size and not np.all(difference <= allowed):
+        worst = int(np.argmax(difference - allowed))
+        raise AssertionError(
+            f"{what} differs from the expected value by up to {difference[worst]:.3g} "
+            f"(expected {expected[finite][worst]:.6g}, got {actual[finite][worst]:.6g}; "
+            f"allowed {allowed[worst]:.3g})")
+
+
+_OWN_ORIGINALS.update({name: globals()[name] for name in _OWN_NAMES})

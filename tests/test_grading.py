@@ -1,0 +1,102 @@
+"""mpcourse.grading, the checker inside every exercise: it must fail what it claims to catch."""
+import numpy as np
+import pytest
+import torch
+
+from mpcourse import grading
+from mpcourse.numerics import stable_softmax
+
+
+def softmax_from_primitives(x):
+    shifted = x - x.max(dim=-1, keepdim=True).values
+    return shifted.exp() / shifted.exp().sum(dim=-1, keepdim=True)
+
+
+def test_own_work_returns_the_result_of_code_built_from_primitives():
+    x = torch.randn(4, 5)
+    assert torch.equal(grading.own_work(softmax_from_primitives, x), softmax_from_primitives(x))
+
+
+def test_own_work_fails_a_function_that_calls_the_library():
+    def calls_the_reference(x):
+        return stable_softmax(x)
+
+    with pytest.raises(AssertionError, match="calls the course library.*stable_softmax"):
+        grading.own_work(calls_the_reference, torch.randn(3, 4))
+
+
+def test_own_work_sees_through_aliases_and_subclasses():
+    from mpcourse.scaling import DynamicLossScaler as Renamed
+
+    class MyScaler(Renamed):
+        pass
+
+    with pytest.raises(AssertionError, match="calls the course library"):
+        grading.own_work(MyScaler)
+
+
+def test_own_work_restores_the_previous_profiler():
+    before = []
+    hook = lambda frame, event, arg: None  # noqa: E731
+    import sys
+    sys.setprofile(hook)
+    try:
+        grading.own_work(softmax_from_primitives, torch.randn(2, 2))
+        before.append(sys.getprofile())
+    finally:
+        sys.setprofile(None)
+    assert before == [hook]
+
+
+def test_own_work_notices_when_its_watcher_is_switched_off():
+    import sys
+
+    def switches_it_off():
+        sys.setprofile(None)
+        from mpcourse.display import pow2
+        return pow2(1.0)
+
+    with pytest.raises(AssertionError, match="switched off"):
+        grading.own_work(switches_it_off)
+
+
+def test_start_and_passed_accept_an_untouched_session(capsys):
+    grading.start("Part 9")
+    grading.passed("Part 9")
+    assert "Part 9" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("owner, name, fake", [
+    (np, "allclose", lambda *a, **k: True),
+    (np.testing, "assert_allclose", lambda *a, **k: None),
+    (torch, "allclose", lambda *a, **k: True),
+    (torch.testing, "assert_close", lambda *a, **k: None),
+    (torch.Tensor, "__eq__", lambda self, other: True),
+    (grading, "assert_close", lambda *a, **k: None),
+    (grading, "own_work", lambda f, *a, **k: f(*a, **k)),
+])
+def test_start_refuses_a_session_where_a_function_the_tests_use_was_replaced(monkeypatch, owner, name, fake):
+    monkeypatch.setattr(owner, name, fake)
+    with pytest.raises(grading.TamperingError, match=name):
+        grading.start("Part 1")
+
+
+def test_a_replacement_made_before_the_checker_was_imported_is_caught():
+    assert grading._is_genuine(np.allclose) and grading._is_genuine(torch.allclose)
+    assert grading._is_genuine(torch.testing.assert_close) and grading._is_genuine(len)
+    assert not grading._is_genuine(lambda *a, **k: True)
+
+
+def test_assert_close_accepts_equal_values_and_names_the_difference():
+    grading.assert_close(torch.tensor([1.0, float("inf"), float("nan")]),
+                         np.array([1.0, np.inf, np.nan]))
+    with pytest.raises(AssertionError, match=r"differs .* by up to 0\.5"):
+        grading.assert_close(np.array([1.0, 2.5]), np.array([1.0, 2.0]), what="x")
+    with pytest.raises(AssertionError, match="shape"):
+        grading.assert_close(np.zeros(3), np.zeros(4))
+    with pytest.raises(AssertionError, match="NaN"):
+        grading.assert_close(np.array([np.nan]), np.array([0.0]))
+    with pytest.raises(AssertionError, match="infinities"):
+        grading.assert_close(np.array([-np.inf]), np.array([np.inf]))
+    with pytest.raises(AssertionError, match="should be a number"):
+        grading.assert_close("1.0", 1.0)
