@@ -4,11 +4,21 @@
 on the GPU; every other test is unchanged (tests marked "needs a CUDA GPU" run whenever torch
 sees one, whatever this says). Asking for CUDA on a machine without it stops the run at once,
 rather than skipping every GPU test and passing.
+
+The ``built_book`` fixture builds the whole book once per test session (warnings as errors) and
+shares the HTML among the book tests (tests/test_book.py, tests/test_browser.py), across the
+pytest-xdist workers too.
 """
+import fcntl
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _requested_device() -> torch.device:
@@ -33,3 +43,35 @@ def pytest_configure(config):
 def device() -> torch.device:
     """The device that device-aware tests run on (``MPCOURSE_DEVICE``, default ``cpu``)."""
     return _requested_device()
+
+
+@pytest.fixture(scope="session")
+def built_book(tmp_path_factory) -> Path:
+    """The book's HTML folder, built once per session exactly as ``make book`` builds it.
+
+    ``MPCOURSE_BUILT_BOOK=<folder>`` reuses an earlier build instead (the ``_build/html`` folder of
+    ``jupyter-book build -W -n --keep-going --path-output <dir> .``, for instance), which keeps a
+    test-writing loop fast; the tests then check that build, not the current sources.
+    """
+    if reuse := os.environ.get("MPCOURSE_BUILT_BOOK"):
+        html = Path(reuse).resolve()
+        if not (html / "index.html").is_file():
+            raise pytest.UsageError(f"MPCOURSE_BUILT_BOOK={reuse!r} holds no built book (no index.html)")
+        return html
+    # Under pytest-xdist (`make test` runs two workers) the first worker to get here builds the
+    # book in the folder the workers share; the other waits on the lock and reads the result.
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    out, log = shared / "book", shared / "book-build.log"
+    with open(shared / "book-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not log.exists():
+            jupyter_book = Path(sys.executable).parent / "jupyter-book"
+            result = subprocess.run(
+                [str(jupyter_book), "build", "-W", "-n", "--keep-going", "--path-output", str(out), str(ROOT)],
+                capture_output=True, text=True, timeout=900)
+            log.write_text(f"{result.returncode}\n{result.stdout[-5000:]}{result.stderr[-5000:]}")
+    returncode, output = log.read_text().split("\n", 1)
+    assert returncode == "0", output
+    return out / "_build" / "html"

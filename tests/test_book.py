@@ -1,9 +1,9 @@
 """The book as a project: every notebook is in the table of contents, committed without outputs,
 opens on Colab with a set-up cell that matches _config.yml, and the whole book builds with Sphinx
-warnings as errors, figures and Colab buttons included. (nbval runs each notebook separately.)"""
+warnings as errors, figures and Colab buttons included (the build is the shared ``built_book``
+fixture in conftest.py). nbval runs each notebook separately."""
 import json
 import re
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -67,17 +67,6 @@ def test_installing_the_package_keeps_colabs_torch():
     assert re.fullmatch(r"torch>=[\d.]+", torch_spec.replace(" ", "")), torch_spec
     pins = (ROOT / "requirements.txt").read_text().split()
     assert any(re.fullmatch(r"torch==[\d.]+", p) for p in pins)
-
-
-@pytest.fixture(scope="module")
-def built_book(tmp_path_factory):
-    out = tmp_path_factory.mktemp("book")
-    jupyter_book = Path(sys.executable).parent / "jupyter-book"
-    result = subprocess.run(
-        [str(jupyter_book), "build", "-W", "-n", "--keep-going", "--path-output", str(out), str(ROOT)],
-        capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-    return out / "_build" / "html"
 
 
 def test_the_book_builds_with_figures_and_colab_buttons(built_book):
