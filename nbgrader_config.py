@@ -30,29 +30,36 @@ c.LimitOutput.max_traceback = 60
 
 
 class BoundedOutputExecute(Execute):
-    """nbgrader's Execute, keeping at most `max_output_chars` of output per cell.
+    """nbgrader's Execute, keeping a bounded amount of each cell's output.
 
     nbgrader's LimitOutput trims lines *after* the notebook has run, so a submission that prints
     a gigantic line (or prints in a loop until the timeout) would first fill the grader's memory
-    and the graded notebook. This keeps the first part of each cell's output, drops the rest as
-    it arrives, and notes the cut. Errors and stderr are never hidden: they decide the grade.
+    and the graded notebook. This keeps the first `max_stream_chars` of printed text and the first
+    `max_display_chars` of rich output (figures) per cell, drops the rest as it arrives, and notes
+    the cut. Errors and stderr are never hidden: they decide the grade.
     """
 
-    max_output_chars = Integer(20_000).tag(config=True)
+    max_stream_chars = Integer(20_000).tag(config=True)
+    max_display_chars = Integer(2_000_000).tag(config=True)
 
     def output(self, outs, msg, display_id, cell_index):
-        kept = getattr(self, "_kept_chars", {})
-        self._kept_chars = kept
+        kind = msg["msg_type"]
+        if kind not in ("stream", "display_data"):
+            return super().output(outs, msg, display_id, cell_index)
+        self._used = getattr(self, "_used", {})
+        key = (cell_index, kind, msg["content"].get("name"))
         size = len(json.dumps(msg["content"]))
-        if msg["msg_type"] in ("stream", "display_data") and kept.get(cell_index, 0) + size > self.max_output_chars:
-            stream = msg["content"].get("name", "stdout")
-            if not any(o.get("name") == stream and o.get("text", "").startswith("[grader]") for o in outs):
-                msg = {**msg, "msg_type": "stream",
-                       "content": {"name": stream, "text": "[grader] output truncated here\n"}}
-                return super().output(outs, msg, display_id, cell_index)
+        limit = self.max_stream_chars if kind == "stream" else self.max_display_chars
+        if self._used.get(key, 0) + size <= limit:
+            self._used[key] = self._used.get(key, 0) + size
+            return super().output(outs, msg, display_id, cell_index)
+        stream = msg["content"].get("name", "stdout")
+        note = f"[grader] {kind} output truncated here\n"
+        if any(o.get("name") == stream and note in o.get("text", "") for o in outs):
             return None
-        kept[cell_index] = kept.get(cell_index, 0) + size
-        return super().output(outs, msg, display_id, cell_index)
+        cut = {**msg, "msg_type": "stream", "header": {**msg["header"], "msg_type": "stream"},
+               "content": {"name": stream, "text": note}}
+        return super().output(outs, cut, display_id, cell_index)
 
 
 # nbgrader's own list, with Execute replaced (Execute's settings above apply to the subclass).

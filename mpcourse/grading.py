@@ -62,7 +62,7 @@ _GUARDED = {
 _ORIGINALS = {(owner, name): getattr(owner, name) for owner, names in _GUARDED.items()
               for name in names}
 _OWN_NAMES = ["start", "passed", "summary", "own_work", "assert_close", "_check_untampered",
-              "_is_genuine"]
+              "_is_genuine", "_is_original"]
 _OWN_ORIGINALS = {name: globals().get(name) for name in _OWN_NAMES}  # completed at the end
 
 _parts_passed: dict[str, str] = {}
@@ -81,17 +81,25 @@ _TRUSTED_DIRS = [Path(m.__file__).resolve().parent for m in (np, torch)] + [
 def _is_genuine(obj) -> bool:
     """True if `obj` is implemented in C, or in numpy's, torch's or the standard library's files."""
     inner = getattr(obj, "__func__", None) or getattr(obj, "_implementation", None) or obj
-    code = getattr(getattr(inner, "__wrapped__", inner), "__code__", None)
+    code = getattr(inner, "__code__", None)
     if code is None:  # a C function, a dtype or a class: its type must come from a trusted module
         return type(obj).__module__.split(".")[0] in ("builtins", "numpy", "torch")
     return any(Path(code.co_filename).resolve().is_relative_to(d) for d in _TRUSTED_DIRS)
+
+
+def _is_original(current, original) -> bool:
+    """True if `current` is `original`, or torch's own wrapper around it (importing
+    torch.optim makes torch._dynamo wrap torch.manual_seed, for example)."""
+    while current is not original and _is_genuine(current) and hasattr(current, "__wrapped__"):
+        current = current.__wrapped__
+    return current is original and _is_genuine(original)
 
 
 def _check_untampered() -> None:
     replaced = []
     for (owner, name), original in _ORIGINALS.items():
         label = f"{getattr(owner, '__name__', owner)}.{name}"
-        if getattr(owner, name, None) is not original or not _is_genuine(original):
+        if not _is_original(getattr(owner, name, None), original):
             replaced.append(label)
     module = sys.modules[__name__]
     for name, original in _OWN_ORIGINALS.items():

@@ -100,3 +100,21 @@ def test_assert_close_accepts_equal_values_and_names_the_difference():
         grading.assert_close(np.array([-np.inf]), np.array([np.inf]))
     with pytest.raises(AssertionError, match="should be a number"):
         grading.assert_close("1.0", 1.0)
+
+
+def test_torchs_own_wrappers_are_not_tampering():
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # imports torch._dynamo, which wraps manual_seed
+    grading.start("Part 1")
+
+
+def test_a_wrapper_written_in_a_notebook_is_tampering(monkeypatch):
+    import functools
+    original = np.allclose
+
+    @functools.wraps(original)
+    def always_true(*args, **kwargs):
+        return True
+
+    monkeypatch.setattr(np, "allclose", always_true)
+    with pytest.raises(grading.TamperingError, match="allclose"):
+        grading.start("Part 1")

@@ -64,8 +64,7 @@ HOSTILE = {
         "        pass\n"
         "print('notebooks with hidden tests that I could read:', len(found))"),
 }
-# The two that nbgrader cannot grade part by part: the kernel dies (every part scores 0), or the
-# tests can no longer be trusted after the tampering cell (later parts score 0 as well).
+# Submissions that change the notebook's read-only cells rather than their own code.
 EDITS = {
     "edited_test_cell": "replace the last part's test cell with one that always passes",
     "deleted_test_cell": "delete the last part's test cell",
@@ -107,6 +106,26 @@ def part_of(gid: str) -> str:
 def student_code(source: str) -> str:
     """A solution cell as a student would have written it: the markers' lines removed."""
     return "\n".join(line for line in source.split("\n") if line.strip() not in SOLUTION_MARKERS)
+
+
+def split_cell(cell) -> tuple[list[str], list[str]]:
+    """(public lines, secret lines) of a source cell. Secret: what students must never see, the
+    lines between the solution or hidden-test markers, or all of a solution cell without markers
+    (nbgrader replaces it whole). The marker lines themselves are in neither list."""
+    nbgrader = cell.get("metadata", {}).get("nbgrader", {})
+    lines = "".join(cell["source"]).splitlines()
+    if not (nbgrader.get("solution") or nbgrader.get("grade")):
+        return lines, []
+    inside = nbgrader.get("solution") and not any(SOLUTION_MARKERS[0] in line for line in lines)
+    public, secret = [], []
+    for line in lines:
+        if SOLUTION_MARKERS[0] in line or HIDDEN_MARKERS[0] in line:
+            inside = True
+        elif SOLUTION_MARKERS[1] in line or HIDDEN_MARKERS[1] in line:
+            inside = False
+        else:
+            (secret if inside else public).append(line)
+    return public, secret
 
 
 def notebook(folder: Path, assignment: str):
