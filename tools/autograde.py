@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -263,7 +264,11 @@ def demo(out: Path) -> None:
         for student, cells in submissions(name, hostile=name == hostile_target).items():
             write_submission(out, name, student, cells)
         print(f"autograding {name} ...", flush=True)
+        started = time.perf_counter()
         failed = autograde(out, name, timeout=30)
+        seconds = time.perf_counter() - started
+        count = len(list((out / "submitted").glob(f"*/{name}")))
+        print(f"  {count} submissions in {seconds:.0f} s ({seconds / count:.1f} s each, nbgrader's start-up included)")
         nbgrader(out, "generate_feedback", name, "--force")
         print_table(name, scores(out, name))
         for student in failed:
