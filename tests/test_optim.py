@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from mpcourse.formats import BF16, FP16, round_to
-from mpcourse.optim import CompensatedOptimizer, MasterWeightOptimizer
+from mpcourse.optim import CompensatedOptimizer, MasterWeightOptimizer, training_state
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 OPTIMIZERS = {
@@ -498,3 +498,27 @@ def test_on_cuda_masters_match_the_reference_and_stochastic_rounding_runs():
         device="cuda")
     mean = w.float().mean().item()
     assert w.is_cuda and abs(mean - (1 - steps * 1e-4)) < 5 * stochastic_mean_sigma(steps, n)
+
+
+def test_training_state_counts_every_copy_training_keeps():
+    def state_after_one_step(model, optimizer):
+        optimizer.zero_grad()
+        model(torch.randn(4, 8, dtype=next(model.parameters()).dtype)).float().sum().backward()
+        optimizer.step()
+        return training_state(model, optimizer)
+
+    def bytes_per_parameter(state, n):
+        return {role: sum(t.numel() * t.element_size() for t in ts) / n for role, ts in state.items()}
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 16)
+    n = sum(p.numel() for p in model.parameters())
+    fp32 = bytes_per_parameter(state_after_one_step(model, torch.optim.AdamW(model.parameters())), n)
+    assert fp32["weights"] == 4 and fp32["gradients"] == 4 and fp32["master weights"] == 0
+    assert 8 < fp32["optimizer state"] < 8.5   # two FP32 moments, and a step counter per tensor
+
+    half = torch.nn.Linear(8, 16).half()
+    optimizer = MasterWeightOptimizer(torch.optim.AdamW(half.parameters()))
+    mixed = bytes_per_parameter(state_after_one_step(half, optimizer), n)
+    assert mixed["weights"] == 2 and mixed["master weights"] == 4 and mixed["gradients"] == 4
+    assert sum(mixed.values()) > sum(fp32.values())  # masters cost memory: no "25% saving" here

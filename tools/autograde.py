@@ -18,7 +18,6 @@ source notebooks, so they follow the exercises as they change:
              (see HOSTILE); `demo` and the tests grade them for one assignment.
 """
 import argparse
-import copy
 import csv
 import importlib.util
 import os
@@ -65,10 +64,10 @@ HOSTILE = {
         "        pass\n"
         "print('notebooks with hidden tests that I could read:', len(found))"),
 }
-# Submissions that change the notebook's read-only cells rather than their own code.
+# Submissions that change the last part's read-only test cell: the new source, or None to delete it.
 EDITS = {
-    "edited_test_cell": "replace the last part's test cell with one that always passes",
-    "deleted_test_cell": "delete the last part's test cell",
+    "edited_test_cell": "print('all tests pass!')",
+    "deleted_test_cell": None,
 }
 
 
@@ -154,8 +153,9 @@ def submission_data(assignment: str):
     return module
 
 
-def submissions(assignment: str, hostile: bool = False) -> dict[str, dict[str, str]]:
-    """student id -> {solution grade_id: cell source}; cells not named stay as released."""
+def submissions(assignment: str, hostile: bool = False) -> dict[str, dict[str, str | None]]:
+    """student id -> {grade_id: cell source, or None to delete the cell}; cells not named stay
+    as released."""
     full = solution_cells(assignment)
     data = submission_data(assignment)
     fabricated = {
@@ -169,22 +169,19 @@ def submissions(assignment: str, hostile: bool = False) -> dict[str, dict[str, s
         last_cells = [gid for gid in full if part_of(gid) == last_part]
         for name, code in HOSTILE.items():
             fabricated[name] = {**full, **{gid: code for gid in last_cells}}
-        for name in EDITS:
-            fabricated[name] = {gid: src for gid, src in full.items() if part_of(gid) != last_part}
+        last_test = list(test_points(assignment))[-1]
+        for name, edit in EDITS.items():
+            unsolved = {gid: src for gid, src in full.items() if part_of(gid) != last_part}
+            fabricated[name] = {**unsolved, last_test: edit}
     return fabricated
 
 
-def write_submission(course: Path, assignment: str, student: str, cells: dict[str, str]) -> None:
-    released = notebook(course / "exercises", assignment)
-    nb = copy.deepcopy(released)
+def write_submission(course: Path, assignment: str, student: str, cells: dict[str, str | None]) -> None:
+    nb = notebook(course / "exercises", assignment)
+    nb.cells = [cell for cell in nb.cells if cells.get(grade_id(cell), "") is not None]
     for cell in nb.cells:
         if grade_id(cell) in cells:
             cell.source = cells[grade_id(cell)]
-    last_test = list(test_points(assignment))[-1]
-    if student == "edited_test_cell":
-        next(c for c in nb.cells if grade_id(c) == last_test).source = "print('all tests pass!')"
-    if student == "deleted_test_cell":
-        nb.cells = [c for c in nb.cells if grade_id(c) != last_test]
     folder = course / "submitted" / student / assignment
     folder.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, folder / f"{assignment}.ipynb")
