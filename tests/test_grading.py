@@ -1,4 +1,6 @@
 """mpcourse.grading, the checker inside every exercise: it must fail what it claims to catch."""
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -36,21 +38,17 @@ def test_own_work_sees_through_aliases_and_subclasses():
 
 
 def test_own_work_restores_the_previous_profiler():
-    before = []
     hook = lambda frame, event, arg: None  # noqa: E731
-    import sys
     sys.setprofile(hook)
     try:
         grading.own_work(softmax_from_primitives, torch.randn(2, 2))
-        before.append(sys.getprofile())
+        after = sys.getprofile()
     finally:
         sys.setprofile(None)
-    assert before == [hook]
+    assert after is hook
 
 
 def test_own_work_notices_when_its_watcher_is_switched_off():
-    import sys
-
     def switches_it_off():
         sys.setprofile(None)
         from mpcourse.display import pow2
