@@ -498,6 +498,40 @@ def _as_tuple(inputs):
     return inputs
 
 
+def activation_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *,
+                         loss_scale: float = 1.0, autocast_dtype: torch.dtype | None = None):
+    """One backward pass of ``loss_scale`` × (mean cross-entropy of ``model(x)`` against ``y``).
+
+    Returns two flat FP32 tensors, divided by ``loss_scale`` again: the gradients with respect to
+    every leaf module's output (the *activation* gradients, which are what underflows in FP16),
+    and with respect to every parameter (the *weight* gradients). ``autocast_dtype`` runs the
+    forward pass under ``torch.autocast`` in that dtype. The logits are cast to FP32 before the
+    loss, as mixed-precision training does. The model's ``.grad`` are overwritten.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"activation_gradients takes an nn.Module, not {type(model).__name__}")
+    outputs = []
+
+    def keep(module, inputs, output):
+        if torch.is_tensor(output) and output.requires_grad:
+            output.retain_grad()
+            outputs.append(output)
+
+    hooks = [m.register_forward_hook(keep) for m in model.modules() if not list(m.children())]
+    try:
+        with torch.autocast(x.device.type, dtype=autocast_dtype or torch.bfloat16,
+                            enabled=autocast_dtype is not None):
+            loss = torch.nn.functional.cross_entropy(model(x).float(), y) * loss_scale
+    finally:
+        for hook in hooks:
+            hook.remove()
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    activations = torch.cat([o.grad.float().flatten() for o in outputs]) / loss_scale
+    weights = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+    return activations, weights / loss_scale
+
+
 def layer_outputs(model: nn.Module, inputs) -> dict[str, torch.Tensor]:
     """Run ``model(*inputs)`` without gradients and return every module's output, detached.
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpcourse.debugging import (GradientRow, NonFiniteError, PrecisionDebugger,
+from mpcourse.debugging import (GradientRow, activation_gradients, NonFiniteError, PrecisionDebugger,
                                 compare_layer_outputs, gradient_table, layer_outputs, tensor_stats)
 from mpcourse.optim import MasterWeightOptimizer
 
@@ -399,3 +399,23 @@ def test_compare_layer_outputs_rejects_bad_input():
         compare_layer_outputs(model, [1.0, 2.0])
     with pytest.raises(TypeError):
         compare_layer_outputs("model", x)
+
+
+def test_activation_gradients_are_the_gradients_of_each_layer_output_and_weight():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
+    x, y = torch.randn(6, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    activations, weights = activation_gradients(model, x, y)
+    hidden = model[0](x)
+    logits = model[2](model[1](hidden))
+    probabilities = torch.softmax(logits, dim=1)
+    logit_grad = (probabilities - F.one_hot(y, 3)) / len(y)
+    relu_grad = logit_grad @ model[2].weight
+    expected = torch.cat([(relu_grad * (hidden > 0)).flatten(), relu_grad.flatten(), logit_grad.flatten()])
+    torch.testing.assert_close(activations, expected.detach())
+    assert torch.equal(weights, torch.cat([p.grad.flatten() for p in model.parameters()]))
+    scaled, scaled_weights = activation_gradients(model, x, y, loss_scale=1024.0)
+    torch.testing.assert_close(scaled, activations)
+    torch.testing.assert_close(scaled_weights, weights)
+    with pytest.raises(TypeError, match="nn.Module"):
+        activation_gradients(lambda t: t, x, y)
