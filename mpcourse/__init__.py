@@ -15,12 +15,13 @@ Modules:
     debugging -- find where precision fails: tensor_stats, PrecisionDebugger (first inf/NaN by
                 module and pass), gradient_table, compare_layer_outputs
     display  -- computed Markdown tables, and library source shown in the book
+    claims   -- claim(sentence, holds): the check that keeps a sentence of the book true
     scaling  -- loss scaling: StaticLossScaler, DynamicLossScaler (step for step torch's GradScaler)
     training -- the practical recipe: MixedPrecisionTrainer (FP32/FP16/BF16/FP8, accumulation,
                 clipping, bit-identical checkpoints), select_precision
     workloads -- small real models and data (digits, a tiny transformer), the pre-trained model
 """
-from mpcourse import bench, communication, debugging, display, formats, fp8, numerics, optim, plotting, scaling, training, workloads
+from mpcourse import bench, claims, communication, debugging, display, formats, fp8, numerics, optim, plotting, scaling, training, workloads
 
 __version__ = "0.1.0"
-__all__ = ["bench", "communication", "debugging", "display", "formats", "fp8", "numerics", "optim", "plotting", "scaling", "training", "workloads"]
+__all__ = ["bench", "claims", "communication", "debugging", "display", "formats", "fp8", "numerics", "optim", "plotting", "scaling", "training", "workloads"]
