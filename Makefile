@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test test-gpu venv exercises grade-demo check-exhaustive bench pretrained sync-notebooks clean
+.PHONY: book test test-gpu venv exercises grade-demo check-exhaustive bench pretrained sync-notebooks release clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,12 @@ pretrained: $(STAMP)
 # _config.yml; run `make exercises` after it.
 sync-notebooks: $(STAMP)
 	$(BIN)/python tools/sync_colab_cells.py
+
+# Cuts release VERSION (tools/release.py): version in pyproject.toml, CHANGELOG.md dated, every
+# Colab cell pinned to the tag vVERSION, exercises/ regenerated, committed and tagged.
+release: $(STAMP)
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z"; exit 2; }
+	$(BIN)/python tools/release.py $(VERSION)
 
 clean:
 	rm -rf _build .pytest_cache grade-demo

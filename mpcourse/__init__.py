@@ -23,5 +23,25 @@ Modules:
 """
 from mpcourse import bench, claims, communication, debugging, display, formats, fp8, numerics, optim, plotting, scaling, training, workloads
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The version in pyproject.toml: from the installed package's metadata, or, when the package is
+    imported from a source tree without being installed, from that tree's pyproject.toml."""
+    from importlib import metadata
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if pyproject.is_file():  # a source tree (an editable install too): its file is the truth
+        import re
+
+        found = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.MULTILINE)
+        if found:
+            return found.group(1)
+    try:
+        return metadata.version("mpcourse")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _version()
 __all__ = ["bench", "claims", "communication", "debugging", "display", "formats", "fp8", "numerics", "optim", "plotting", "scaling", "training", "workloads"]

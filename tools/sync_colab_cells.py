@@ -1,12 +1,16 @@
 """Write the Colab set-up cell of each book notebook and exercise source from the repository URL
-in _config.yml (then `make exercises` carries it into the released exercises).
+in _config.yml and the version in pyproject.toml (then `make exercises` carries it into the
+released exercises).
 
 The set-up cell is the code cell tagged `colab-setup`. On Colab it installs `mpcourse` from the
-repository without touching Colab's own torch (the package asks only for `torch>=2.1`); locally,
-where `mpcourse` is installed, it does nothing. Run with --check to only report stale cells.
+repository at the release tag `v<version>`, so a notebook opened in week 2 and again in week 9
+runs the same library, without touching Colab's own torch (the package asks only for a lower bound
+on torch); locally, where `mpcourse` is installed, it does nothing. Run with --check to only
+report stale cells. `make release` (tools/release.py) runs this after changing the version.
 """
 import json
 import sys
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -15,23 +19,36 @@ ROOT = Path(__file__).resolve().parent.parent
 TAG = "colab-setup"
 
 
-def setup_cell_source() -> str:
-    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+def version(root: Path = ROOT) -> str:
+    return tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+
+
+def setup_cell_source(root: Path = ROOT) -> str:
+    url = yaml.safe_load((root / "_config.yml").read_text())["repository"]["url"]
     return (
         "# Colab: install the course library (Colab's own torch is kept). Locally: nothing to do.\n"
         "try:\n"
         "    import mpcourse\n"
         "except ImportError:\n"
-        f'    %pip install --quiet "mpcourse @ git+{url}"'
+        f'    %pip install --quiet "mpcourse @ git+{url}@v{version(root)}"'
     )
 
 
-def notebooks():
-    return sorted(p for p in (ROOT / "book").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+def notebooks(root: Path = ROOT):
+    return sorted(p for p in (root / "book").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 
 
-def exercise_sources():
-    return sorted((ROOT / "solutions").glob("*/*.ipynb"))
+def exercise_sources(root: Path = ROOT):
+    return sorted((root / "solutions").glob("*/*.ipynb"))
+
+
+def sync_all(root: Path = ROOT) -> list[Path]:
+    """Rewrite every stale set-up cell under ``root``; returns the notebooks changed."""
+    source = setup_cell_source(root)
+    changed = [p for p in notebooks(root) + exercise_sources(root) if stale(p, source)]
+    for p in changed:
+        sync(p, source)
+    return changed
 
 
 def stale(path: Path, source: str) -> bool:
@@ -49,12 +66,11 @@ def sync(path: Path, source: str) -> None:
 
 
 if __name__ == "__main__":
-    source = setup_cell_source()
-    out_of_date = [p for p in notebooks() + exercise_sources() if stale(p, source)]
     if "--check" in sys.argv:
+        source = setup_cell_source()
+        out_of_date = [p for p in notebooks() + exercise_sources() if stale(p, source)]
         for p in out_of_date:
             print(f"stale Colab set-up cell: {p.relative_to(ROOT)}")
         sys.exit(1 if out_of_date else 0)
-    for p in out_of_date:
-        sync(p, source)
+    for p in sync_all():
         print(f"updated {p.relative_to(ROOT)}")

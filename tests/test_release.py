@@ -1,0 +1,93 @@
+"""Releases: one version everywhere (pyproject.toml, mpcourse.__version__, the changelog's latest
+entry, every notebook's Colab install cell), a release step that moves them together, and the
+GitHub Actions workflows, checked offline by real linters (never run here)."""
+import datetime
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import mpcourse
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import release  # noqa: E402
+import sync_colab_cells  # noqa: E402
+
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+BIN = Path(sys.executable).parent
+
+
+def install_cells(root: Path) -> dict[str, str]:
+    cells = {}
+    for path in sync_colab_cells.notebooks(root) + sync_colab_cells.exercise_sources(root) + sorted(
+            (root / "exercises").glob("*/*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            if sync_colab_cells.TAG in cell.get("metadata", {}).get("tags", []):
+                cells[str(path.relative_to(root))] = "".join(cell["source"])
+    return cells
+
+
+def test_the_version_is_semantic_and_the_package_reports_it():
+    assert release.SEMVER.fullmatch(VERSION), VERSION
+    assert mpcourse.__version__ == VERSION
+
+
+def test_every_install_cell_the_package_and_the_changelog_agree():
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert "## [Unreleased]" in changelog
+    assert release.latest_changelog_version(changelog) == VERSION, (
+        "CHANGELOG.md's newest entry is not the version in pyproject.toml")
+    cells = install_cells(ROOT)
+    assert len(cells) >= len(sync_colab_cells.notebooks()), "a notebook has no Colab set-up cell"
+    for path, source in cells.items():
+        pins = re.findall(r"git\+\S+@v(\d+\.\d+\.\d+)", source)
+        assert pins == [VERSION], f"{path} installs {pins or 'an unpinned mpcourse'}, not v{VERSION}"
+
+
+def test_a_release_moves_the_version_the_changelog_and_the_notebooks_together(tmp_path):
+    for name in ("pyproject.toml", "CHANGELOG.md", "_config.yml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    for folder in ("book", "solutions"):
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("_static"))
+    changelog = tmp_path / "CHANGELOG.md"
+    with pytest.raises(SystemExit, match="nothing under"):  # an empty Unreleased section
+        release.bump(tmp_path, "99.0.0", datetime.date(2030, 1, 2))
+    changelog.write_text(changelog.read_text().replace(
+        "## [Unreleased]\n", "## [Unreleased]\n\n### Fixed\n- a test entry\n", 1))
+    for bad, message in (("1.2", "semantic version"), (VERSION, "not newer")):
+        with pytest.raises(SystemExit, match=message):
+            release.bump(tmp_path, bad, datetime.date(2030, 1, 2))
+
+    release.bump(tmp_path, "99.0.0", datetime.date(2030, 1, 2))
+    assert sync_colab_cells.version(tmp_path) == "99.0.0"
+    text = changelog.read_text()
+    assert release.latest_changelog_version(text) == "99.0.0"
+    assert "## [Unreleased]\n\n## [99.0.0] - 2030-01-02\n\n### Fixed\n- a test entry" in text
+    assert f"## [{VERSION}]" in text  # older entries are kept
+    assert all("@v99.0.0" in source for source in install_cells(tmp_path).values())
+
+
+@pytest.mark.parametrize("workflow", WORKFLOWS, ids=lambda p: p.name)
+def test_the_workflows_pass_actionlint(workflow):
+    result = subprocess.run([str(BIN / "actionlint"), "-no-color", str(workflow)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_workflows_pass_zizmor_offline():
+    result = subprocess.run([str(BIN / "zizmor"), "--offline", "--config", str(ROOT / ".github" / "zizmor.yml"),
+                             str(ROOT / ".github" / "workflows")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_workflows_run_the_readme_commands():
+    text = {p.name: p.read_text() for p in WORKFLOWS}
+    assert "run: make test" in text["tests.yml"] and "pull_request" in text["tests.yml"]
+    assert "run: make book" in text["book.yml"] and "actions/deploy-pages" in text["book.yml"]

@@ -1,0 +1,86 @@
+"""Cut a release: `make release VERSION=x.y.z` (or `python tools/release.py x.y.z`).
+
+A release makes the book, its notebooks and the library agree on one version:
+
+1. the working tree must be clean and CHANGELOG.md must have entries under "Unreleased";
+2. pyproject.toml gets the new version (the only place it is written);
+3. CHANGELOG.md's "Unreleased" entries move under "[x.y.z] - <today>";
+4. every notebook's Colab set-up cell installs `mpcourse` at the tag `vx.y.z`
+   (tools/sync_colab_cells.py), and the student release `exercises/` is regenerated from
+   `solutions/` (tools/autograde.py release), so released notebooks install the same library;
+5. the result is committed and tagged `vx.y.z`. Push the commit and the tag yourself.
+
+`--no-git` stops after step 4 (no clean-tree check, no commit, no tag).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import sync_colab_cells  # noqa: E402
+
+SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
+UNRELEASED = "## [Unreleased]"
+
+
+def parse(version: str) -> tuple[int, int, int]:
+    if not SEMVER.fullmatch(version):
+        raise SystemExit(f"release: {version!r} is not a semantic version MAJOR.MINOR.PATCH (e.g. 0.3.0)")
+    return tuple(int(part) for part in version.split("."))
+
+
+def latest_changelog_version(changelog: str) -> str | None:
+    """The version of the newest released entry ("## [x.y.z] - date"), "Unreleased" left out."""
+    found = re.search(r"^## \[(\d+\.\d+\.\d+)\]", changelog, re.MULTILINE)
+    return found.group(1) if found else None
+
+
+def bump(root: Path, version: str, today: datetime.date) -> None:
+    """Steps 2-4 without the exercise release: version, changelog, Colab cells under ``root``."""
+    current = sync_colab_cells.version(root)
+    if parse(version) <= parse(current):
+        raise SystemExit(f"release: {version} is not newer than the current version {current}")
+    changelog_path = root / "CHANGELOG.md"
+    changelog = changelog_path.read_text()
+    if UNRELEASED not in changelog:
+        raise SystemExit(f"release: CHANGELOG.md has no '{UNRELEASED}' section")
+    head, rest = changelog.split(UNRELEASED, 1)
+    entries, _, older = rest.partition("\n## [")
+    if not entries.strip():
+        raise SystemExit("release: nothing under '## [Unreleased]' in CHANGELOG.md: say what changed")
+    changelog_path.write_text(f"{head}{UNRELEASED}\n\n## [{version}] - {today.isoformat()}\n\n"
+                              f"{entries.strip()}\n" + (f"\n## [{older}" if older else ""))
+    pyproject = root / "pyproject.toml"
+    text, count = re.subn(r'^version = "[^"]+"', f'version = "{version}"', pyproject.read_text(),
+                          count=1, flags=re.MULTILINE)
+    if count != 1:
+        raise SystemExit("release: no `version = \"...\"` line in pyproject.toml")
+    pyproject.write_text(text)
+    sync_colab_cells.sync_all(root)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("version", help="the new version, MAJOR.MINOR.PATCH")
+    parser.add_argument("--no-git", action="store_true", help="no clean-tree check, commit or tag")
+    args = parser.parse_args()
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, check=True, capture_output=True, text=True)
+    if not args.no_git and git("status", "--porcelain").stdout.strip():
+        raise SystemExit("release: the working tree has uncommitted changes; commit or stash them first")
+    bump(ROOT, args.version, datetime.date.today())
+    subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), "release"], cwd=ROOT, check=True)
+    if not args.no_git:
+        git("add", "-A")
+        git("commit", "-m", f"Release {args.version}")
+        git("tag", "-a", f"v{args.version}", "-m", f"mpcourse {args.version}")
+        print(f"Tagged v{args.version}. Publish with: git push && git push origin v{args.version}")
+
+
+if __name__ == "__main__":
+    main()
