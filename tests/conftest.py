@@ -7,13 +7,8 @@ rather than skipping every GPU test and passing.
 
 The ``built_book`` fixture builds the whole book once per test session (warnings as errors) and
 shares the HTML among the book tests (tests/test_book.py, tests/test_browser.py), across the
-pytest-xdist workers too.
-
-Each notebook runs once per session, not twice: nbval runs every book notebook (the test that it
-runs on this device), and the hooks below keep the outputs of each notebook whose cells all
-passed. The book build then uses those outputs (the notebook is marked ``execution_mode: off``
-for myst-nb) and executes only the notebooks nbval has not finished; the tests that need the
-built book are scheduled last, so that is rarely more than one.
+pytest-xdist workers too. It builds from the notebooks nbval has already executed in this session
+(tests/notebook_outputs.py), so each notebook runs once.
 """
 import fcntl
 import os
@@ -23,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import nbformat
+from tests.notebook_outputs import executed_dir
 
 import pytest
 import torch
@@ -49,50 +44,10 @@ def pytest_configure(config):
     _requested_device()  # fail fast on a bad setting
 
 
-# --- each notebook runs once: nbval's outputs feed the book build -----------------------------
-BOOK_TESTS = ("test_book.py", "test_browser.py")  # the modules that use the built book
-
-
-def _executed_dir() -> Path:
-    """Where this run keeps executed notebooks: one folder per run, shared by the xdist workers."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
-    return Path(tempfile.gettempdir()) / f"mpcourse-executed-{run}"
-
-
-def pytest_collection_modifyitems(items):
-    """Run the tests that need the built book last, after nbval has run the notebooks."""
-    items.sort(key=lambda item: item.path.name in BOOK_TESTS)  # stable: the rest keep their order
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    if hasattr(item, "test_outputs") and outcome.get_result().failed:
-        item.parent.mpcourse_failed = True  # an nbval cell failed: the build runs it again
-
-
-def pytest_runtest_teardown(item, nextitem):
-    """After a notebook's last cell under nbval, save it with its outputs if every cell passed."""
-    if not (hasattr(item, "test_outputs") and hasattr(item, "cell")):
-        return
-    item.cell.outputs = item.test_outputs or []
-    if nextitem is not None and nextitem.parent is item.parent:
-        return
-    notebook = Path(str(item.parent.path)).resolve()
-    if getattr(item.parent, "mpcourse_failed", False) or notebook.parent != ROOT / "book":
-        return
-    executed = item.parent.nb
-    executed.metadata["mystnb"] = {**executed.metadata.get("mystnb", {}), "execution_mode": "off"}
-    folder = _executed_dir()
-    folder.mkdir(exist_ok=True)
-    nbformat.write(executed, str(folder / f"{notebook.name}.part"))
-    (folder / f"{notebook.name}.part").replace(folder / notebook.name)  # whole files only
-
-
 def _stage_book(stage: Path) -> Path:
     """A tree that is the repository, except that book notebooks nbval has executed come with
     their outputs (symbolic links for everything else)."""
-    executed = _executed_dir()
+    executed = executed_dir()
     shutil.rmtree(stage, ignore_errors=True)
     (stage / "book").mkdir(parents=True)
     for entry in ROOT.iterdir():
