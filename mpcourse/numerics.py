@@ -10,8 +10,10 @@ Three things go wrong when a network computes in FP16 or BF16, and each has a st
   errors ``a`` and ``b`` already carry: relative error ``≈ u·|a| / |a - b|``, with
   ``u = 2**-(M+1)`` the unit roundoff (FP16: ``2**-11``, BF16: ``2**-8``, FP32: ``2**-24``). The
   variance as ``E[x²] - E[x]²`` is the classic case. Cure: a formula without the subtraction of
-  large quantities (the two-pass variance), in FP32. See :func:`layer_norm_fp32` and, for the
-  naive version, :func:`layer_norm_lowp`.
+  large quantities (the two-pass variance, or Welford's running one), in FP32. See
+  :func:`layer_norm_fp32` and, for the naive version, :func:`layer_norm_lowp`. Softmax cancels in
+  its backward pass: the gradient ``p - onehot`` holds ``p_t - 1`` for the target class, which
+  loses its digits as ``p_t → 1``; compute it from FP32 logits.
 - **Accumulation.** Each addition to a running sum ``s`` rounds it, an error of up to ``u·|s|``;
   over ``n`` additions the worst case is ``(n-1)·u·Σ|x_i|``, and once a term falls below half
   the spacing of the values near ``s`` it is lost entirely. Cures: a wide accumulator (FP32),
@@ -114,9 +116,11 @@ def layer_norm_fp32(x: torch.Tensor, normalized_shape, weight=None, bias=None,
         y    = (x - mean) / sqrt(var + eps) * weight + bias
 
     Every step runs in FP32 (FP64 input stays FP64); only ``y`` is rounded to ``x``'s dtype. This
-    is ``F.layer_norm(x.float(), ...).to(x.dtype)``. CUDA autocast, where ``layer_norm`` is on the
-    list of operations that run in FP32, computes the same statistics but returns FP32 instead of
-    rounding ``y``. Compare :func:`layer_norm_lowp`.
+    is ``F.layer_norm(x.float(), ...).to(x.dtype)`` up to FP32 rounding: PyTorch's kernels compute
+    the statistics with Welford's algorithm and FP32 accumulators rather than two passes (in FP32
+    either is accurate; what matters is FP32 statistics). CUDA autocast, where ``layer_norm`` is
+    on the list of operations that run in FP32, returns FP32 instead of rounding ``y``. Compare
+    :func:`layer_norm_lowp`.
     """
     _check_floating(x, "layer_norm_fp32")
     dims = _normalized_dims(x, normalized_shape, "layer_norm_fp32")

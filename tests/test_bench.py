@@ -370,3 +370,12 @@ def test_cuda_device_info_and_tensor_core_matmuls():
         assert (result.percent_of_peak is None) == (info.peak(precision) is None)
     bandwidth = memory_bandwidth("cuda", size_mb=64, budget_ms=20)
     assert bandwidth.gbs > 0 and bandwidth.peak_gbs == info.memory_bandwidth_gbs
+
+
+def test_matmul_bytes_is_the_one_traffic_definition_fp8_writes_a_bf16_result():
+    from mpcourse.bench.probes import matmul_bytes, matmul_intensity
+    m, n, k = 32, 48, 64
+    assert matmul_bytes(m, n, k, "fp32") == 4 * (m * k + k * n + m * n)
+    assert matmul_bytes(m, n, k, "bf16") == 2 * (m * k + k * n + m * n)
+    assert matmul_bytes(m, n, k, "fp8") == (m * k + k * n) + 2 * m * n  # E4M3 in, BF16 out
+    assert matmul_intensity(m, n, k, "fp8") == pytest.approx(2 * m * n * k / matmul_bytes(m, n, k, "fp8"))

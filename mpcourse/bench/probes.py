@@ -64,6 +64,31 @@ def tf32_state() -> str:
 
 
 # --- matrix products -------------------------------------------------------------------------
+# The result's element size: FP8 products (torch._scaled_mm, as timed here) write a BF16 result.
+OUTPUT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
+
+
+def matmul_bytes(m: int, n: int, k: int, precision="bf16") -> int:
+    """The least memory traffic of an (m, k) @ (k, n) product, in bytes: A and B read once in
+    the precision's storage type, C written once::
+
+        bytes = (m·k + k·n) · b_in + m·n · b_out
+
+    with b_in the operands' element size (4 for FP32/TF32, 2 for FP16/BF16, 1 for FP8) and
+    b_out the result's (FP8: 2, a BF16 result, as :func:`matmul_tflops` asks of
+    ``torch._scaled_mm``; otherwise b_in). The roofline of chapter 7 and the benchmark report
+    both use this one definition.
+    """
+    precision = precision_name(precision)
+    size = PRECISION_DTYPES[precision].itemsize
+    return (m * k + k * n) * size + m * n * OUTPUT_BYTES[precision]
+
+
+def matmul_intensity(m: int, n: int, k: int, precision="bf16") -> float:
+    """Arithmetic intensity of an (m, k) @ (k, n) product: 2·m·n·k FLOPs / :func:`matmul_bytes`."""
+    return 2 * m * n * k / matmul_bytes(m, n, k, precision)
+
+
 @dataclass(frozen=True)
 class MatmulResult:
     """One timed (m, k) @ (k, n) product. ``tflops`` uses the median time."""
@@ -91,10 +116,8 @@ class MatmulResult:
 
     @property
     def bytes_moved(self) -> int:
-        """The least memory traffic: A and B read once, C written once (FP8: C in BF16)."""
-        size = PRECISION_DTYPES[self.precision].itemsize
-        out = 2 if self.precision == "fp8" else size
-        return (self.m * self.k + self.k * self.n) * size + self.m * self.n * out
+        """The least memory traffic: :func:`matmul_bytes` of this product."""
+        return matmul_bytes(self.m, self.n, self.k, self.precision)
 
     @property
     def arithmetic_intensity(self) -> float:

@@ -1,6 +1,6 @@
 """Timing done right: warm up, synchronise, repeat, and report the distribution, not one number.
 
-Three mistakes spoil most hand-written benchmarks, the source texts' included:
+Three mistakes spoil most hand-written benchmarks, published tutorials' included:
 
 1. **CUDA is asynchronous.** A CUDA call returns as soon as its kernel is queued; ``time.time()``
    around it measures the launch, not the work. Either synchronise before reading a CPU clock or,
@@ -10,8 +10,9 @@ Three mistakes spoil most hand-written benchmarks, the source texts' included:
    the cuBLAS handle, choosing kernels, growing the caching allocator, lazy initialisation.
    Warm up first and never time them.
 3. **One number hides the spread.** Other processes, clock boosts and caches make every run a
-   little different. Time many runs and report the median with low and high quantiles (the
-   20th and 80th percentiles, as ``triton.testing.do_bench`` does).
+   little different. Time many runs and report the median with low and high quantiles (here
+   the 20th and 80th percentiles; ``triton.testing.do_bench`` returns the *mean* by default,
+   and these quantiles only when asked, ``quantiles=[0.5, 0.2, 0.8]``).
 
 Two more effects are choices, not mistakes, and :func:`benchmark` makes them options:
 
@@ -58,7 +59,8 @@ class BenchmarkResult:
 
     Every statistic is computed from ``samples_ms`` (quantiles interpolate linearly between the
     sorted samples, NumPy's default), so they always agree with the raw data. ``p20_ms`` and
-    ``p80_ms`` are the low and high quantiles (as ``triton.testing.do_bench`` reports them).
+    ``p80_ms`` are the low and high quantiles (``triton.testing.do_bench`` reports them when
+    called with ``quantiles=[0.5, 0.2, 0.8]``; by default it returns the mean).
 
     Attributes:
         samples_ms: the time of each timed call, in the order they ran.
