@@ -618,3 +618,68 @@ def allreduce_throughput(world_size: int = 4, sizes=(2**16, 2**20, 2**22),
         _wire_dtype(wire)
     return run_workers(_throughput_worker, world_size, tuple(sizes), wires, repeats,
                        backend=backend)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# What DistributedDataParallel puts on the wire
+
+@dataclass(frozen=True)
+class DdpWire:
+    """One DDP backward pass: the model's parameter dtype, the autocast dtype (None: off), the
+    dtype of the logits, of the gradients, and of the buckets DDP hands to its all-reduce."""
+
+    parameters: str
+    autocast: str | None
+    logits: str
+    gradients: str
+    bucket: str
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _ddp_wire_worker(rank, world_size, setups):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    device, rows = rank_device(), []
+    for parameters, autocast in setups:
+        dtype = WIRE_DTYPES[parameters]
+        ddp = DistributedDataParallel(digits_model().to(device, dtype))
+        buckets = set()
+
+        def hook(state, bucket):  # DDP's own all-reduce, after noting what the bucket holds
+            buckets.add(_dtype_name(bucket.buffer().dtype))
+            return allreduce_hook(state, bucket)
+
+        ddp.register_comm_hook(None, hook)
+        x, y = rank_batch(rank)
+        with torch.autocast(device.type, dtype=WIRE_DTYPES[autocast or "bf16"],
+                            enabled=autocast is not None):
+            logits = ddp(x.to(device, dtype))
+        F.cross_entropy(logits.float(), y.to(device)).backward()
+        gradients = {_dtype_name(p.grad.dtype) for p in ddp.parameters()}
+        rows.append(DdpWire(parameters, autocast, _dtype_name(logits.dtype), ", ".join(sorted(gradients)),
+                            ", ".join(sorted(buckets))))
+    return rows if rank == 0 else None
+
+
+def ddp_wire_dtypes(setups=(("fp32", None), ("fp32", "bf16"), ("fp32", "fp16"), ("bf16", None)),
+                    *, world_size: int = 2, backend=None) -> list[DdpWire]:
+    """What ``DistributedDataParallel`` all-reduces, for real, in ``world_size`` processes.
+
+    ``setups``: ``(parameters, autocast)`` pairs, the model's dtype and the autocast dtype (None:
+    no autocast). Each wraps the digits MLP in DDP, runs one forward (under autocast) and
+    backward pass, and records the dtypes, the buckets' as DDP hands them to its communication
+    hook. DDP's buckets take the gradients' dtype, and under autocast the parameters, so their
+    gradients, stay FP32: autocast alone never puts 16-bit values on the wire. A 16-bit wire
+    takes a communication hook (``bf16_compress_hook``), an FSDP mixed-precision policy, or a
+    16-bit model.
+    """
+    setups = tuple((get_format(p).name, None if a is None else get_format(a).name) for p, a in setups)
+    for parameters, autocast in setups:
+        _wire_dtype(parameters)
+        if autocast is not None and autocast not in ("fp16", "bf16"):
+            raise ValueError(f"autocast runs in fp16 or bf16, not {autocast!r}")
+    return run_workers(_ddp_wire_worker, world_size, setups, backend=backend)[0]

@@ -448,11 +448,11 @@ class PrecisionChoice:
 
 
 def select_precision(device=None, *, capability: tuple[int, int] | None = None,
-                     allow_fp8: bool = True) -> PrecisionChoice:
+                     allow_fp8: bool = False) -> PrecisionChoice:
     """The precision flowchart, as code::
 
-        CUDA, capability >= 8.9 and torch._scaled_mm runs   -> fp8  (fallback bf16)
         CUDA, capability >= 8.0                             -> bf16, TF32 for the FP32 matmuls
+          ... and allow_fp8=True, >= 8.9, _scaled_mm runs   -> fp8  (fallback bf16)
         CUDA, capability >= 7.0                             -> fp16 with dynamic loss scaling
         CUDA, older                                         -> fp32
         CPU with BF16 matrix instructions (AVX512_BF16/AMX) -> bf16
@@ -460,8 +460,10 @@ def select_precision(device=None, *, capability: tuple[int, int] | None = None,
 
     ``device``: a torch device (or its name) to inspect, or a :class:`DeviceProfile` describing
     any machine; default: this machine's GPU, else its CPU. ``capability=(major, minor)``
-    describes a CUDA GPU by its compute capability alone. ``allow_fp8=False`` stops at BF16:
-    FP8 pays off for large matrix products, and is best adopted after a BF16 baseline exists.
+    describes a CUDA GPU by its compute capability alone. BF16 is the default wherever there are
+    BF16 tensor cores. FP8 is a step to take after that, not a default: it pays off for large,
+    matmul-heavy models, and only once a BF16 baseline shows what its loss curve should be.
+    ``allow_fp8=True`` takes that step on a GPU with FP8 tensor cores (8.9 and newer).
     """
     if capability is not None:
         if device is not None:
@@ -492,17 +494,20 @@ def _select_cuda(profile: DeviceProfile, allow_fp8: bool) -> PrecisionChoice:
             reasons.append("It has FP8 tensor cores (8.9 and newer), but torch._scaled_mm does not "
                            "run here (PyTorch or CUDA too old), so FP8 is out.")
         else:
-            reasons += ["It has FP8 tensor cores (8.9 and newer: Ada, Hopper, Blackwell): the "
-                        "linear layers can run in FP8 (E4M3 forward, E5M2 gradients, scaled per tensor).",
-                        "FP8 pays off for large matrix products; check its loss curve against a "
-                        "short BF16 run, and fall back to BF16 if it departs."]
+            reasons += ["It has FP8 tensor cores (8.9 and newer: Ada, Hopper, Blackwell), and FP8 was "
+                        "asked for (allow_fp8=True): the linear layers run in FP8 (E4M3 forward, "
+                        "E5M2 gradients, scaled per tensor).",
+                        "FP8 pays off for large, matmul-heavy models; compare its loss curve with the "
+                        "BF16 baseline, and fall back to BF16 if it departs."]
             return PrecisionChoice("fp8", tuple(reasons), profile, tf32=True, fallback="bf16")
-    elif cap >= (8, 9):
-        reasons.append("FP8 was not allowed (allow_fp8=False).")
     if cap >= (8, 0):
         reasons += ["It has BF16 tensor cores (8.0 and newer): BF16 autocast, no loss scaler, "
                     "since BF16 has FP32's exponent range.",
                     "TF32 on: the matmuls left in FP32 use tensor cores with 10-bit mantissas."]
+        if cap >= (8, 9) and not allow_fp8:
+            reasons.append("It also has FP8 tensor cores (8.9 and newer): for a large, matmul-heavy "
+                           "model, FP8 is the next step once this BF16 run is a baseline "
+                           "(allow_fp8=True).")
         return PrecisionChoice("bf16", tuple(reasons), profile, tf32=True, fallback="fp32")
     if cap >= (7, 0):
         reasons += ["No BF16 tensor cores (they start at 8.0, Ampere), but FP16 ones (7.0 Volta, "
@@ -510,9 +515,10 @@ def _select_cuda(profile: DeviceProfile, allow_fp8: bool) -> PrecisionChoice:
                     f"FP16 autocast with dynamic loss scaling: FP16's smallest subnormal is "
                     f"2^{int(math.log2(FP16.min_subnormal))}, and smaller gradients would be lost."]
         return PrecisionChoice("fp16", tuple(reasons), profile, fallback="fp32")
-    reasons.append("No tensor cores (they start at 7.0, Volta): 16-bit formats would save "
-                   "activation memory but little or no time (FP16 arithmetic runs at twice the "
-                   "FP32 rate on 6.0, at a small fraction of it on 6.1), so train in FP32.")
+    reasons.append("No tensor cores (they start at 7.0, Volta), so start in FP32. Without them a "
+                   "16-bit format saves activation memory, and time only where the GPU's own FP16 "
+                   "arithmetic is fast: twice the FP32 rate on 6.0 (P100), a small fraction of it "
+                   "on 6.1 (GTX 10 series).")
     return PrecisionChoice("fp32", tuple(reasons), profile)
 
 

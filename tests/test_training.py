@@ -274,7 +274,7 @@ def test_evaluating_does_not_change_an_fp8_run():
 
 @pytest.mark.parametrize("gpu,precision,tf32", [
     ("P100", "fp32", False), ("V100", "fp16", False), ("T4", "fp16", False),
-    ("A100", "bf16", True), ("L4", "fp8", True), ("H100", "fp8", True)])
+    ("A100", "bf16", True), ("L4", "bf16", True), ("H100", "bf16", True)])
 def test_select_precision_for_known_gpus(gpu, precision, tf32):
     choice = select_precision(KNOWN_GPUS[gpu])
     assert isinstance(choice, PrecisionChoice)
@@ -285,14 +285,25 @@ def test_select_precision_for_known_gpus(gpu, precision, tf32):
     assert choice.config(max_grad_norm=1.0).precision == precision
 
 
-def test_select_precision_fp8_needs_a_working_scaled_mm_and_permission():
-    assert select_precision(KNOWN_GPUS["H100"], allow_fp8=False).precision == "bf16"
+def test_select_precision_makes_bf16_the_default_and_fp8_a_step_asked_for():
+    for gpu in ("L4", "H100"):
+        default = select_precision(KNOWN_GPUS[gpu])
+        assert (default.precision, default.fallback) == ("bf16", "fp32")
+        assert any("allow_fp8=True" in r for r in default.reasons)  # says what the next step is
+        asked = select_precision(KNOWN_GPUS[gpu], allow_fp8=True)
+        assert (asked.precision, asked.fallback, asked.tf32) == ("fp8", "bf16", True)
+    assert select_precision(capability=(10, 0), allow_fp8=True).precision == "fp8"  # Blackwell
+    assert select_precision(capability=(10, 0)).precision == "bf16"
+    # no FP8 tensor cores: allow_fp8 changes nothing
+    for capability in ((8, 6), (8, 0), (7, 5), (6, 0)):
+        assert select_precision(capability=capability, allow_fp8=True) == select_precision(capability=capability)
+    assert not any("FP8" in r for r in select_precision(capability=(8, 6)).reasons)
+
+
+def test_select_precision_fp8_needs_a_working_scaled_mm():
     no_scaled_mm = DeviceProfile("cuda", "L4, old PyTorch", (8, 9), fp8_matmul=False)
-    choice = select_precision(no_scaled_mm)
+    choice = select_precision(no_scaled_mm, allow_fp8=True)
     assert choice.precision == "bf16" and any("_scaled_mm" in r for r in choice.reasons)
-    assert select_precision(KNOWN_GPUS["L4"]).fallback == "bf16"
-    assert select_precision(capability=(10, 0)).precision == "fp8"  # Blackwell
-    assert select_precision(capability=(8, 6)).precision == "bf16"  # A10, RTX 30
 
 
 def test_select_precision_on_cpus():
