@@ -17,8 +17,11 @@ and ``v`` + master weights)::
     mixed precision, FP32 gradients (here)     2 + 4 + 4 + 4 + 4 = 18
 
 The popular "mixed precision saves 25% of memory" forgets the master copy: per parameter it saves
-nothing. The savings are in the activations kept for backward (half the bytes), and the speed in
-FP16/BF16 matrix multiplies.
+nothing. The savings are in the activations kept for backward, and the speed in FP16/BF16 matrix
+multiplies. A model converted to FP16/BF16 saves every activation in 2 bytes, half of FP32;
+autocast saves only the tensors of the operations it casts in 16 bits and keeps the rest (the
+residual stream, the inputs of FP32-listed operations) in FP32, so it saves less than half: the
+chapter on mixed-precision training measures how much, on a small transformer.
 
 The pure low-precision alternatives keep no FP32 weights. The update is still computed in FP32
 (inside a fused kernel), but only the BF16 weights carry information to the next step, so the

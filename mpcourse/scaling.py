@@ -1,8 +1,11 @@
 """Loss scaling: lift FP16 gradients out of the underflow zone, and skip the steps that overflow.
 
 FP16 has 10 mantissa bits and a smallest exponent of -14, so its smallest positive value is
-``2**-14 * 2**-10 = 2**-24`` (about 6e-8). Many gradients of a healthy network are smaller than
-that; computed in FP16 they round to zero and the update they carry is lost. Multiply the loss by a
+``2**-14 * 2**-10 = 2**-24`` (about 6e-8). Gradients below half of that, ``2**-25`` (about 3e-8),
+round to zero (``2**-25`` itself is a tie, rounded to the even neighbour 0); those between
+``2**-25`` and ``2**-14`` survive as subnormals with few significant bits (a value just above
+``2**-25`` is stored as ``2**-24``, nearly 100% off). Many gradients of a healthy network lie
+there; computed in FP16, the update they carry is lost or distorted. Multiply the loss by a
 scale ``S`` before ``backward()`` and, by the chain rule, every gradient comes out multiplied by
 ``S`` too, high enough to survive. The optimizer must see the true gradient, so the scaler then
 divides by ``S`` again, in the gradients' own dtype, which should be FP32 (master weights).
@@ -227,8 +230,8 @@ class DynamicLossScaler(LossScaler):
     Example::
 
         scaler = DynamicLossScaler()                  # torch.amp.GradScaler's behaviour
-        scaler = DynamicLossScaler(hysteresis=2)      # Megatron-LM's DynamicGradScaler
-        scaler = DynamicLossScaler(hysteresis=2, consecutive_hysteresis=True)  # DeepSpeed's
+        scaler = DynamicLossScaler(hysteresis=2)      # Megatron-LM's, and DeepSpeed's default
+        scaler = DynamicLossScaler(hysteresis=2, consecutive_hysteresis=True)  # DeepSpeed opt-in
 
     then use it as :class:`LossScaler` shows. At each :meth:`update`, with ``g`` the clean steps
     counted towards growth (starts at 0) and ``h`` the overflows still tolerated (starts at
@@ -247,9 +250,11 @@ class DynamicLossScaler(LossScaler):
 
     S is held as float32 and each product is rounded to float32, as torch does; S never grows to
     inf. With ``hysteresis=1`` every overflow backs off: exactly ``torch.amp.GradScaler``. With
-    ``hysteresis=N`` (Megatron-LM) the N-th overflow since the scale last grew backs off, and
-    every overflow after it until the scale grows again. ``consecutive_hysteresis=True``
-    (DeepSpeed) refills ``h`` after every clean step, so only N overflows *in a row* back off.
+    ``hysteresis=N`` (Megatron-LM's ``DynamicGradScaler``, and DeepSpeed's default, whose fp16
+    config has ``"hysteresis": 2`` and ``"consecutive_hysteresis": false``) the N-th overflow
+    since the scale last grew backs off, and every overflow after it until the scale grows
+    again. ``consecutive_hysteresis=True`` (DeepSpeed's opt-in ``"consecutive_hysteresis":
+    true``) refills ``h`` after every clean step, so only N overflows *in a row* back off.
     ``min_scale`` and ``max_scale`` (Apex caps at ``2**24``) bound S; ``None`` means no bound.
     """
 

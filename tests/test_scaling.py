@@ -1,6 +1,7 @@
 """mpcourse.scaling, proven against torch.amp.GradScaler step for step (scales, skipped steps,
 parameters bit for bit), and its hysteresis rules against a small reference written here from the
-rules as stated (Megatron-LM's and DeepSpeed's), not from the library's code."""
+rules as stated (Megatron-LM's, which is also DeepSpeed's default, and DeepSpeed's opt-in
+consecutive variant), not from the library's code."""
 import copy
 import dataclasses
 import math
@@ -186,8 +187,8 @@ def test_multiple_optimizers():
 def reference_scales(overflows, init, interval, hysteresis, consecutive, low=None, high=None):
     """Scale used at each step. Megatron: an overflow resets the clean-step count and spends one
     unit of hysteresis; once none is left, the scale halves. Growth (doubling after `interval`
-    clean steps in a row) refills the hysteresis. DeepSpeed (consecutive): every clean step
-    refills it too."""
+    clean steps in a row) refills the hysteresis. DeepSpeed's opt-in consecutive_hysteresis: every
+    clean step refills it too."""
     scale, clean, left, used = init, 0, hysteresis, []
     for overflow in overflows:
         used.append(scale)
