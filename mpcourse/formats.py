@@ -14,10 +14,17 @@ overflow) follows from a handful of choices, which is all a :class:`FloatFormat`
 algorithm in this module reads those fields; none of them asks a format its name.
 
 Rounding works on the bit patterns of the input (float32, or float64 so that nothing is rounded
-twice), with vectorised integer operations in torch. NumPy input goes through the same code.
+twice), with vectorised integer operations in torch: :func:`_round_magnitudes`, the algorithm the
+book teaches. Where torch has a dtype for the format (FP32, BF16, FP16, E4M3, E5M2) and the rounding
+is to nearest, :func:`round_to` hands the work to torch's own cast instead, which is several times
+faster, but only after checking, once per device, that the cast gives the bit-level algorithm's
+numbers on every boundary case (:func:`_torch_cast_agrees`); the few places where the cast differs
+on purpose (E4M3 overflow saturates in torch, float64 is rounded twice through float32) are
+handled around it. NumPy input goes through the same code.
 """
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 from dataclasses import dataclass
@@ -335,7 +342,11 @@ def _python_float(value, what: str) -> float:
 _CPU_PIECE = 2**18  # elements: 1 MiB of float32, small enough to stay in a CPU's cache
 
 
-def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None):
+METHODS = ("auto", "bits", "cast")
+
+
+def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None,
+             method: str = "auto"):
     """Round every element of ``x`` to the nearest value representable in ``fmt``.
 
     Args:
@@ -352,6 +363,11 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
             NaN where it has only NaN (E4M3), and saturates where it has neither (FP6, FP4).
         generator: for ``"stochastic"`` only: a ``numpy.random.Generator`` for NumPy input, a
             ``torch.Generator`` for torch input, to make the draws reproducible.
+        method: ``"bits"``: the bit-level algorithm (:func:`_round_magnitudes`), always.
+            ``"cast"``: torch's own cast (rounding to nearest into FP32, BF16, FP16, E4M3 or
+            E5M2 only), with the fixes that make it give the same numbers. ``"auto"``: the
+            cast where it applies and has been checked on this device to agree with the
+            bit-level algorithm, else the bit-level algorithm. All give the same numbers.
 
     Returns:
         The same kind as ``x``: a float32 array or tensor of the same shape (and device), or a
@@ -362,7 +378,7 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
         raise TypeError(f"round_to takes real numbers, not {type(x).__name__}")
     if isinstance(x, (int, float, np.floating, np.integer)):
         return float(round_to(np.array(_python_float(x, "round_to")), fmt, rounding=rounding, saturate=saturate,
-                              generator=generator)[()])
+                              generator=generator, method=method)[()])
     is_numpy = isinstance(x, np.ndarray)
     if is_numpy:
         _check_rounding(rounding, generator, np.random.Generator, "numpy.random.Generator")
@@ -382,13 +398,144 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
         def uniform(shape):
             return torch.rand(shape, dtype=torch.float64, device=t.device, generator=generator)
 
-    out = torch.empty(t.shape, dtype=torch.float32, device=t.device)
-    # Each step of the rounding is one pass over the data; on a CPU, passes over cache-sized
-    # pieces run about twice as fast as passes over one large array.
-    piece = _CPU_PIECE if t.device.type == "cpu" else max(t.numel(), 1)
-    for source, target in zip(t.reshape(-1).split(piece), out.view(-1).split(piece)):
-        target.copy_(_round_tensor(source, fmt, rounding, saturate, uniform))
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    cast_dtype = _torch_dtype(fmt) if rounding == "nearest_even" else None
+    if method == "cast" and cast_dtype is None:
+        raise ValueError(f"method='cast' needs rounding='nearest_even' and a format torch has a dtype "
+                         f"for ({', '.join(f.name for f in _CAST_FORMATS)}); {fmt.name} with "
+                         f"rounding={rounding!r} has none")
+    if method == "cast" or (method == "auto" and cast_dtype is not None and
+                            _torch_cast_agrees(fmt, t.device, t.dtype == torch.float64)):
+        out = _in_pieces(t, lambda piece, target: _round_by_torch_cast(piece, fmt, cast_dtype,
+                                                                       saturate, target))
+    else:
+        out = _round_bit_level(t, fmt, rounding, saturate, uniform)
     return out.numpy() if is_numpy else out
+
+
+def _in_pieces(t: torch.Tensor, fill) -> torch.Tensor:
+    """A float32 tensor shaped like ``t``, filled by ``fill(piece_of_t, piece_of_out)``.
+
+    Each step of the rounding is one pass over the data; on a CPU, passes over cache-sized
+    pieces run about twice as fast as passes over one large array."""
+    out = torch.empty(t.shape, dtype=torch.float32, device=t.device)
+    piece = _CPU_PIECE if t.device.type == "cpu" else max(t.numel(), 1)
+    for source, target in zip(t.detach().reshape(-1).split(piece), out.view(-1).split(piece)):
+        fill(source, target)
+    return out
+
+
+def _round_bit_level(t: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: bool, uniform):
+    """round_to with the bit-level algorithm (:func:`_round_tensor`), piece by piece."""
+    return _in_pieces(t, lambda piece, target: target.copy_(
+        _round_tensor(piece, fmt, rounding, saturate, uniform)))
+
+
+# --- the fast path: torch's own casts, where they give the same numbers ----------------------
+def _layout(fmt: FloatFormat) -> tuple:
+    return (fmt.exponent_bits, fmt.mantissa_bits, fmt.has_infinity, fmt.nan, fmt.signed,
+            fmt.has_subnormals, fmt.bias)
+
+
+# torch dtypes by the layout they store (a renamed copy of a format finds its dtype too).
+_CAST_FORMATS = (FP32, BF16, FP16, E4M3, E5M2)
+_TORCH_DTYPE_BY_LAYOUT = {_layout(f): d for f, d in zip(_CAST_FORMATS, (
+    torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2))}
+
+
+def _torch_dtype(fmt: FloatFormat) -> torch.dtype | None:
+    """The torch dtype that stores exactly ``fmt``'s values, or None."""
+    return _TORCH_DTYPE_BY_LAYOUT.get(_layout(fmt))
+
+
+def _float32_rounded_to_odd(x: torch.Tensor) -> torch.Tensor:
+    """float64 ``x`` to float32, rounding to odd: an inexact result keeps the value below in
+    magnitude, with its last bit set. Rounding that to nearest in a format of at most 22
+    significand bits then equals rounding ``x`` itself once (Boldo and Melquiond's theorem),
+    where torch's cast to float32 and then to the format would round twice."""
+    f = x.to(torch.float32)
+    bits = f.view(torch.int32)
+    went_up = f.to(torch.float64).abs() > x.abs()  # rounded away from zero: step back one ulp
+    inexact = f.to(torch.float64) != x              # (NaN too: it stays NaN)
+    bits = torch.where(inexact, (bits - went_up.to(torch.int32)) | 1, bits)
+    return bits.view(torch.float32)
+
+
+def _round_by_torch_cast(x: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype,
+                         saturate: bool, out: torch.Tensor) -> torch.Tensor:
+    """Write round_to(x, fmt, saturate=saturate) (to nearest) into ``out``, with torch's cast."""
+    if x.dtype == torch.float64 and dtype != torch.float32:
+        x = _float32_rounded_to_odd(x)
+    elif x.dtype != torch.float64:
+        x = x.to(torch.float32)  # float16 and bfloat16 are exact in float32
+    out.copy_(x.to(dtype))
+    if saturate and fmt.has_infinity:  # overflow (and inf) came out as ±inf: clamp it
+        out.clamp_(-fmt.max_value, fmt.max_value)
+    if not saturate and not fmt.has_infinity and fmt.has_nan:
+        # torch saturates overflow (E4M3: inf and |x| > 464 give 448); round_to gives NaN. The
+        # overflow starts at the midpoint above max_value, which rounds up if max_value is odd.
+        edge = fmt.max_value + 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)
+        overflow = x.abs() >= edge if fmt._top_mantissa % 2 else x.abs() > edge
+        out.masked_fill_(overflow, math.nan)
+    return out
+
+
+def _probe_inputs(fmt: FloatFormat, dtype: torch.dtype) -> torch.Tensor:
+    """Inputs where a cast to ``fmt`` can go wrong: values of the format, every midpoint between
+    neighbours (the ties), one ulp of the input dtype either side, subnormals, the overflow edge,
+    infinities, -0 and NaNs with payloads. Every code of a 16-bit format; for FP32, a sample."""
+    if fmt.bits <= 16:
+        v = fmt.values().astype(np.float64)
+    else:  # every exponent field, with the smallest, largest and a few other mantissas
+        fields = np.arange(2**fmt.exponent_bits - 1, dtype=np.int64)[:, None] << fmt.mantissa_bits
+        mantissas = np.array([0, 1, 2, 3, 2**(fmt.mantissa_bits - 1), 2**fmt.mantissa_bits - 1])
+        v = decode((fields | mantissas).ravel(), fmt).astype(np.float64)
+        v = np.unique(np.concatenate([v, -v]))
+    gap = 2.0 ** (fmt.emax - fmt.mantissa_bits)
+    grid = np.concatenate([v, [v[-1] + gap, v[-1] + 2 * gap]])  # + what would come after max
+    mid = (grid[1:] + grid[:-1]) / 2  # exact: float64 holds every midpoint of a <=24-bit format
+    np_dtype = np.float64 if dtype == torch.float64 else np.float32
+    with np.errstate(over="ignore"):  # FP32's midpoint above max_value is inf in float32
+        mid = mid.astype(np_dtype)
+        specials = np.array([0.0, -0.0, np.inf, -np.inf, 2 * fmt.max_value, 1e30, 3.4e38,
+                             2.0**-149, 2.0**-150, 3 * 2.0**-151], dtype=np_dtype)
+        x = np.concatenate([grid.astype(np_dtype), mid, np.nextafter(mid, np_dtype(np.inf)),
+                            np.nextafter(mid, np_dtype(-np.inf)), specials])
+    x = torch.from_numpy(np.concatenate([x, -x]))
+    int_dtype = torch.int64 if dtype == torch.float64 else torch.int32
+    bits = torch.tensor(_NAN_PATTERNS[int_dtype], dtype=int_dtype).view(dtype)
+    return torch.cat([x, bits])
+
+
+# NaN bit patterns: quiet and signalling, smallest and largest payloads, both signs.
+_NAN_PATTERNS = {
+    torch.int32: [0x7FC00000, 0x7F800001, 0x7FFFFFFF, 0x7FA00000, -0x00400000, -0x007FFFFF, -1],
+    torch.int64: [0x7FF8000000000000, 0x7FF0000000000001, 0x7FFFFFFFFFFFFFFF, 0x7FF0000020000000,
+                  -0x0008000000000000, -1],
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _cast_agrees_on(fmt: FloatFormat, device: torch.device, from_float64: bool) -> bool:
+    dtype = torch.float64 if from_float64 else torch.float32
+    x = _probe_inputs(fmt, dtype).to(device)
+    for saturate in (False, True):
+        fast = _round_by_torch_cast(x, fmt, _torch_dtype(fmt), saturate, torch.empty_like(x, dtype=torch.float32))
+        exact = _round_bit_level(x, fmt, "nearest_even", saturate, None)
+        same_bits = fast.view(torch.int32) == exact.view(torch.int32)  # -0.0 is not 0.0
+        if not bool((same_bits | (fast.isnan() & exact.isnan())).all()):
+            return False
+    return True
+
+
+def _torch_cast_agrees(fmt: FloatFormat, device: torch.device, from_float64: bool) -> bool:
+    """Whether torch's cast, on this kind of device, gives the bit-level algorithm's numbers on
+    every probe input (:func:`_probe_inputs`). Checked once per format, device and input width;
+    where it does not agree, round_to keeps the bit-level path."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _cast_agrees_on(fmt, device, from_float64)
 
 
 def round_scalar(value: float, fmt, *, rounding: str = "nearest_even", saturate: bool = False,
