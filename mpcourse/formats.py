@@ -407,20 +407,24 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
                          f"rounding={rounding!r} has none")
     if method == "cast" or (method == "auto" and cast_dtype is not None and
                             _torch_cast_agrees(fmt, t.device, t.dtype == torch.float64)):
+        # One cast is one pass, best done at once; fixes after it are passes that pay to repeat
+        # on cache-sized pieces.
+        one_pass = t.dtype != torch.float64 and not _cast_needs_fixing(fmt, saturate)
         out = _in_pieces(t, lambda piece, target: _round_by_torch_cast(piece, fmt, cast_dtype,
-                                                                       saturate, target))
+                                                                       saturate, target),
+                         whole=one_pass)
     else:
         out = _round_bit_level(t, fmt, rounding, saturate, uniform)
     return out.numpy() if is_numpy else out
 
 
-def _in_pieces(t: torch.Tensor, fill) -> torch.Tensor:
+def _in_pieces(t: torch.Tensor, fill, whole: bool = False) -> torch.Tensor:
     """A float32 tensor shaped like ``t``, filled by ``fill(piece_of_t, piece_of_out)``.
 
     Each step of the rounding is one pass over the data; on a CPU, passes over cache-sized
-    pieces run about twice as fast as passes over one large array."""
+    pieces run about twice as fast as passes over one large array (``whole``: one piece)."""
     out = torch.empty(t.shape, dtype=torch.float32, device=t.device)
-    piece = _CPU_PIECE if t.device.type == "cpu" else max(t.numel(), 1)
+    piece = _CPU_PIECE if t.device.type == "cpu" and not whole else max(t.numel(), 1)
     for source, target in zip(t.detach().reshape(-1).split(piece), out.view(-1).split(piece)):
         fill(source, target)
     return out
@@ -462,6 +466,12 @@ def _float32_rounded_to_odd(x: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
+def _cast_needs_fixing(fmt: FloatFormat, saturate: bool) -> bool:
+    """Whether torch's cast needs a pass after it: to clamp infinities where round_to saturates,
+    or to turn overflow into NaN where torch saturates and round_to does not (E4M3)."""
+    return (saturate and fmt.has_infinity) or (not saturate and not fmt.has_infinity and fmt.has_nan)
+
+
 def _round_by_torch_cast(x: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype,
                          saturate: bool, out: torch.Tensor) -> torch.Tensor:
     """Write round_to(x, fmt, saturate=saturate) (to nearest) into ``out``, with torch's cast."""
@@ -470,9 +480,11 @@ def _round_by_torch_cast(x: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype,
     elif x.dtype != torch.float64:
         x = x.to(torch.float32)  # float16 and bfloat16 are exact in float32
     out.copy_(x.to(dtype))
-    if saturate and fmt.has_infinity:  # overflow (and inf) came out as ±inf: clamp it
+    if not _cast_needs_fixing(fmt, saturate):
+        return out
+    if saturate:  # overflow (and inf) came out as ±inf: clamp it
         out.clamp_(-fmt.max_value, fmt.max_value)
-    if not saturate and not fmt.has_infinity and fmt.has_nan:
+    else:
         # torch saturates overflow (E4M3: inf and |x| > 464 give 448); round_to gives NaN. The
         # overflow starts at the midpoint above max_value, which rounds up if max_value is odd.
         edge = fmt.max_value + 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)
