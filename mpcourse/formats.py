@@ -15,12 +15,13 @@ algorithm in this module reads those fields; none of them asks a format its name
 
 Rounding works on the bit patterns of the input (float32, or float64 so that nothing is rounded
 twice), with vectorised integer operations in torch: :func:`_round_magnitudes`, the algorithm the
-book teaches. Where torch has a dtype for the format (FP32, BF16, FP16, E4M3, E5M2) and the rounding
-is to nearest, :func:`round_to` hands the work to torch's own cast instead, which is several times
-faster, but only after checking, once per device, that the cast gives the bit-level algorithm's
-numbers on every boundary case (:func:`_torch_cast_agrees`); the few places where the cast differs
-on purpose (E4M3 overflow saturates in torch, float64 is rounded twice through float32) are
-handled around it. NumPy input goes through the same code.
+book teaches. Two faster paths give the same numbers where they apply, and :func:`round_to` takes
+them only after checking, once per device, that they do on every boundary case
+(:func:`_fast_path_agrees`): torch's own cast, for rounding to nearest into a format torch has a
+dtype for (FP32, BF16, FP16, E4M3, E5M2; the places where the cast differs on purpose, E4M3
+overflow saturating and float64 rounded twice through float32, are handled around it), and
+``round(|x| / gap) * gap`` in float arithmetic for the other signed formats with subnormals (TF32,
+FP6, FP4). NumPy input goes through the same code.
 """
 from __future__ import annotations
 
@@ -342,7 +343,7 @@ def _python_float(value, what: str) -> float:
 _CPU_PIECE = 2**18  # elements: 1 MiB of float32, small enough to stay in a CPU's cache
 
 
-METHODS = ("auto", "bits", "cast")
+METHODS = ("auto", "bits", "cast", "gaps")
 
 
 def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None,
@@ -365,9 +366,12 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
             ``torch.Generator`` for torch input, to make the draws reproducible.
         method: ``"bits"``: the bit-level algorithm (:func:`_round_magnitudes`), always.
             ``"cast"``: torch's own cast (rounding to nearest into FP32, BF16, FP16, E4M3 or
-            E5M2 only), with the fixes that make it give the same numbers. ``"auto"``: the
-            cast where it applies and has been checked on this device to agree with the
-            bit-level algorithm, else the bit-level algorithm. All give the same numbers.
+            E5M2 only), with the fixes that make it give the same numbers. ``"gaps"``:
+            float arithmetic, ``round(|x| / gap) * gap`` (:func:`_round_by_gaps`; signed formats
+            with subnormals, rounding to nearest or toward zero). ``"auto"``: the first of
+            "cast" and "gaps" that applies and has been checked on this device to agree with
+            the bit-level algorithm (:func:`_fast_path_agrees`), else "bits". All give the same
+            numbers.
 
     Returns:
         The same kind as ``x``: a float32 array or tensor of the same shape (and device), or a
@@ -400,19 +404,22 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    cast_dtype = _torch_dtype(fmt) if rounding == "nearest_even" else None
-    if method == "cast" and cast_dtype is None:
-        raise ValueError(f"method='cast' needs rounding='nearest_even' and a format torch has a dtype "
-                         f"for ({', '.join(f.name for f in _CAST_FORMATS)}); {fmt.name} with "
-                         f"rounding={rounding!r} has none")
-    if method == "cast" or (method == "auto" and cast_dtype is not None and
-                            _torch_cast_agrees(fmt, t.device, t.dtype == torch.float64)):
+    if method in _FAST_PATHS and not _applies(method, fmt, rounding):
+        raise ValueError(f"method={method!r} does not apply to {fmt.name} with rounding={rounding!r}: "
+                         + _FAST_PATHS[method])
+    if method == "auto":  # the first fast path that applies and is proven on this device
+        from_float64 = t.dtype == torch.float64
+        method = next((m for m in _FAST_PATHS if _applies(m, fmt, rounding) and
+                       _fast_path_agrees(m, fmt, rounding, t.device, from_float64)), "bits")
+    if method == "cast":
         # One cast is one pass, best done at once; fixes after it are passes that pay to repeat
         # on cache-sized pieces.
         one_pass = t.dtype != torch.float64 and not _cast_needs_fixing(fmt, saturate)
-        out = _in_pieces(t, lambda piece, target: _round_by_torch_cast(piece, fmt, cast_dtype,
+        out = _in_pieces(t, lambda piece, target: _round_by_torch_cast(piece, fmt, _torch_dtype(fmt),
                                                                        saturate, target),
                          whole=one_pass)
+    elif method == "gaps":
+        out = _in_pieces(t, lambda piece, target: _round_by_gaps(piece, fmt, rounding, saturate, target))
     else:
         out = _round_bit_level(t, fmt, rounding, saturate, uniform)
     return out.numpy() if is_numpy else out
@@ -528,26 +535,76 @@ _NAN_PATTERNS = {
 }
 
 
+# The fast paths, each with when it applies (in words, for the error message).
+_FAST_PATHS = {
+    "cast": "it needs rounding='nearest_even' and a format torch has a dtype for "
+            f"({', '.join(f.name for f in _CAST_FORMATS)})",
+    "gaps": "it needs a signed format with subnormals and rounding='nearest_even' or 'toward_zero'",
+}
+
+
+def _applies(method: str, fmt: FloatFormat, rounding: str) -> bool:
+    if method == "cast":
+        return rounding == "nearest_even" and _torch_dtype(fmt) is not None
+    return rounding in ("nearest_even", "toward_zero") and fmt.signed and fmt.has_subnormals
+
+
+def _round_by_gaps(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: bool,
+                   out: torch.Tensor) -> torch.Tensor:
+    """Write round_to(x, fmt, ...) into ``out`` with the carrier's own float arithmetic.
+
+    Around ``|x|`` in ``[2**e, 2**(e+1))`` the format's values are the multiples of
+    ``gap = 2**(max(e, emin) - M)`` (``max``: one spacing for the whole subnormal range), so
+    ``round(|x| / gap) * gap`` is the rounded value: dividing by a power of two and multiplying
+    back are exact, and ``torch.round`` rounds half to even (``torch.trunc``: toward zero).
+    """
+    c = _carrier_for(x.dtype, fmt)
+    x = x.to(c.dtype)
+    a = x.abs()
+    e = torch.frexp(a).exponent - 1                            # a in [2**e, 2**(e+1))
+    gap = torch.ldexp(torch.ones_like(a), torch.clamp(e, min=fmt.emin) - fmt.mantissa_bits)
+    steps = a / gap
+    y = (torch.round(steps) if rounding == "nearest_even" else torch.trunc(steps)) * gap
+    # Overflow (and infinite input), by the same rules as the bit-level path.
+    if saturate or not (fmt.has_infinity or fmt.has_nan):
+        overflow = fmt.max_value
+    else:
+        overflow = math.inf if fmt.has_infinity else math.nan
+    too_big = y > fmt.max_value                                  # NaN stays NaN: never too big
+    if rounding == "toward_zero":  # rounding toward zero never turns a finite value into inf
+        y = torch.where(too_big & torch.isfinite(a), fmt.max_value, torch.where(too_big, overflow, y))
+    else:
+        y = torch.where(too_big, overflow, y)
+    return out.copy_(torch.copysign(y, x))
+
+
 @functools.lru_cache(maxsize=None)
-def _cast_agrees_on(fmt: FloatFormat, device: torch.device, from_float64: bool) -> bool:
+def _agrees_on(method: str, fmt: FloatFormat, rounding: str, device: torch.device,
+               from_float64: bool) -> bool:
     dtype = torch.float64 if from_float64 else torch.float32
     x = _probe_inputs(fmt, dtype).to(device)
     for saturate in (False, True):
-        fast = _round_by_torch_cast(x, fmt, _torch_dtype(fmt), saturate, torch.empty_like(x, dtype=torch.float32))
-        exact = _round_bit_level(x, fmt, "nearest_even", saturate, None)
+        fast = torch.empty_like(x, dtype=torch.float32)
+        if method == "cast":
+            _round_by_torch_cast(x, fmt, _torch_dtype(fmt), saturate, fast)
+        else:
+            _round_by_gaps(x, fmt, rounding, saturate, fast)
+        exact = _round_bit_level(x, fmt, rounding, saturate, None)
         same_bits = fast.view(torch.int32) == exact.view(torch.int32)  # -0.0 is not 0.0
         if not bool((same_bits | (fast.isnan() & exact.isnan())).all()):
             return False
     return True
 
 
-def _torch_cast_agrees(fmt: FloatFormat, device: torch.device, from_float64: bool) -> bool:
-    """Whether torch's cast, on this kind of device, gives the bit-level algorithm's numbers on
-    every probe input (:func:`_probe_inputs`). Checked once per format, device and input width;
-    where it does not agree, round_to keeps the bit-level path."""
+def _fast_path_agrees(method: str, fmt: FloatFormat, rounding: str, device: torch.device,
+                      from_float64: bool) -> bool:
+    """Whether a fast path (``"cast"``, ``"gaps"``) gives, on this kind of device, the bit-level
+    algorithm's numbers on every probe input (:func:`_probe_inputs`). Checked once per path,
+    format, rounding, device and input width; where it does not agree, round_to keeps the
+    bit-level path."""
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return _cast_agrees_on(fmt, device, from_float64)
+    return _agrees_on(method, fmt, rounding, device, from_float64)
 
 
 def round_scalar(value: float, fmt, *, rounding: str = "nearest_even", saturate: bool = False,

@@ -1,8 +1,10 @@
 """Check round_to against independent references for all 2**32 float32 inputs, every format.
 
-Both of round_to's paths are checked, each against the reference on its own: the bit-level
-algorithm the book teaches (method="bits", every format) and torch's own cast, which round_to
-uses for rounding to nearest into FP32, BF16, FP16, E4M3 and E5M2 (method="cast").
+Every path of round_to is checked, each against the reference on its own: the bit-level
+algorithm the book teaches (method="bits", every format), torch's own cast, which round_to uses
+for rounding to nearest into FP32, BF16, FP16, E4M3 and E5M2 (method="cast"), and the float
+arithmetic round(|x| / gap) * gap it uses for TF32, FP6 and FP4 (method="gaps", checked for
+every signed format with subnormals).
 
 The references: ml_dtypes' casts (FP16, BF16, the FP8, FP6 and FP4 formats, E8M0), float32 itself
 for FP32, and for TF32 (which ml_dtypes lacks) float64 arithmetic: rint(x / gap) * gap, with gap
@@ -27,14 +29,15 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from mpcourse.formats import (FORMATS, FP32, TF32, _torch_dtype, get_format,  # noqa: E402
-                              round_scalar, round_to)
+from mpcourse.formats import (_FAST_PATHS, FORMATS, FP32, TF32, _applies,  # noqa: E402
+                              get_format, round_scalar, round_to)
 from tests.ml_reference import ML_DTYPES, ml_dtypes_deviations, ml_dtypes_round  # noqa: E402
 
 
 def tf32_reference(x: np.ndarray) -> np.ndarray:
     """Round to TF32 with float64 arithmetic (a different method from round_to's bit operations)."""
-    x64 = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):  # signalling NaNs
+        x64 = x.astype(np.float64)
     exponent = np.frexp(x64)[1] - 1  # |x| in [2**e, 2**(e+1)), exactly
     gap = np.ldexp(1.0, np.maximum(exponent, TF32.emin) - TF32.mantissa_bits)
     with np.errstate(all="ignore"):
@@ -53,8 +56,9 @@ def reference(x: np.ndarray, fmt) -> np.ndarray:
 
 
 def methods(fmt) -> tuple[str, ...]:
-    """The paths of round_to to check for fmt: the bit-level one always, the cast where it applies."""
-    return ("bits", "cast") if _torch_dtype(fmt) is not None else ("bits",)
+    """The paths of round_to to check for fmt (rounding to nearest): the bit-level one always,
+    the fast ones (torch's cast, the gap arithmetic) where they apply."""
+    return ("bits",) + tuple(m for m in _FAST_PATHS if _applies(m, fmt, "nearest_even"))
 
 
 def differ(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
