@@ -443,7 +443,7 @@ def _round_bit_level(t: torch.Tensor, fmt: FloatFormat, rounding: str, saturate:
         _round_tensor(piece, fmt, rounding, saturate, uniform)))
 
 
-# --- the fast path: torch's own casts, where they give the same numbers ----------------------
+# --- the fast paths: torch's own casts and float arithmetic, where they give the same numbers
 def _layout(fmt: FloatFormat) -> tuple:
     return (fmt.exponent_bits, fmt.mantissa_bits, fmt.has_infinity, fmt.nan, fmt.signed,
             fmt.has_subnormals, fmt.bias)
@@ -501,8 +501,8 @@ def _round_by_torch_cast(x: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype,
 
 
 def _probe_inputs(fmt: FloatFormat, dtype: torch.dtype) -> torch.Tensor:
-    """Inputs where a cast to ``fmt`` can go wrong: values of the format, every midpoint between
-    neighbours (the ties), one ulp of the input dtype either side, subnormals, the overflow edge,
+    """Inputs where a fast path to ``fmt`` can go wrong: values of the format, every midpoint
+    between neighbours (the ties), one ulp of the input dtype either side, subnormals, the overflow edge,
     infinities, -0 and NaNs with payloads. Every code of a 16-bit format; for FP32, a sample."""
     if fmt.bits <= 16:
         v = fmt.values().astype(np.float64)
