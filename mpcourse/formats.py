@@ -14,10 +14,18 @@ overflow) follows from a handful of choices, which is all a :class:`FloatFormat`
 algorithm in this module reads those fields; none of them asks a format its name.
 
 Rounding works on the bit patterns of the input (float32, or float64 so that nothing is rounded
-twice), with vectorised integer operations in torch. NumPy input goes through the same code.
+twice), with vectorised integer operations in torch: :func:`_round_magnitudes`, the algorithm the
+book teaches. Two faster paths give the same numbers where they apply, and :func:`round_to` takes
+them only after checking, once per device, that they do on every boundary case
+(:func:`_fast_path_agrees`): torch's own cast, for rounding to nearest into a format torch has a
+dtype for (FP32, BF16, FP16, E4M3, E5M2; the places where the cast differs on purpose, E4M3
+overflow saturating and float64 rounded twice through float32, are handled around it), and
+``round(|x| / gap) * gap`` in float arithmetic for the other signed formats with subnormals (TF32,
+FP6, FP4). NumPy input goes through the same code.
 """
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 from dataclasses import dataclass
@@ -335,7 +343,11 @@ def _python_float(value, what: str) -> float:
 _CPU_PIECE = 2**18  # elements: 1 MiB of float32, small enough to stay in a CPU's cache
 
 
-def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None):
+METHODS = ("auto", "bits", "cast", "gaps")
+
+
+def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, generator=None,
+             method: str = "auto"):
     """Round every element of ``x`` to the nearest value representable in ``fmt``.
 
     Args:
@@ -352,6 +364,14 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
             NaN where it has only NaN (E4M3), and saturates where it has neither (FP6, FP4).
         generator: for ``"stochastic"`` only: a ``numpy.random.Generator`` for NumPy input, a
             ``torch.Generator`` for torch input, to make the draws reproducible.
+        method: ``"bits"``: the bit-level algorithm (:func:`_round_magnitudes`), always.
+            ``"cast"``: torch's own cast (rounding to nearest into FP32, BF16, FP16, E4M3 or
+            E5M2 only), with the fixes that make it give the same numbers. ``"gaps"``:
+            float arithmetic, ``round(|x| / gap) * gap`` (:func:`_round_by_gaps`; signed formats
+            with subnormals, rounding to nearest or toward zero). ``"auto"``: the first of
+            "cast" and "gaps" that applies and has been checked on this device to agree with
+            the bit-level algorithm (:func:`_fast_path_agrees`), else "bits". All give the same
+            numbers.
 
     Returns:
         The same kind as ``x``: a float32 array or tensor of the same shape (and device), or a
@@ -362,7 +382,7 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
         raise TypeError(f"round_to takes real numbers, not {type(x).__name__}")
     if isinstance(x, (int, float, np.floating, np.integer)):
         return float(round_to(np.array(_python_float(x, "round_to")), fmt, rounding=rounding, saturate=saturate,
-                              generator=generator)[()])
+                              generator=generator, method=method)[()])
     is_numpy = isinstance(x, np.ndarray)
     if is_numpy:
         _check_rounding(rounding, generator, np.random.Generator, "numpy.random.Generator")
@@ -382,13 +402,209 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
         def uniform(shape):
             return torch.rand(shape, dtype=torch.float64, device=t.device, generator=generator)
 
-    out = torch.empty(t.shape, dtype=torch.float32, device=t.device)
-    # Each step of the rounding is one pass over the data; on a CPU, passes over cache-sized
-    # pieces run about twice as fast as passes over one large array.
-    piece = _CPU_PIECE if t.device.type == "cpu" else max(t.numel(), 1)
-    for source, target in zip(t.reshape(-1).split(piece), out.view(-1).split(piece)):
-        target.copy_(_round_tensor(source, fmt, rounding, saturate, uniform))
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if method in _FAST_PATHS and not _applies(method, fmt, rounding):
+        raise ValueError(f"method={method!r} does not apply to {fmt.name} with rounding={rounding!r}: "
+                         + _FAST_PATHS[method])
+    if method == "auto":  # the first fast path that applies and is proven on this device
+        from_float64 = t.dtype == torch.float64
+        method = next((m for m in _FAST_PATHS if _applies(m, fmt, rounding) and
+                       _fast_path_agrees(m, fmt, rounding, t.device, from_float64)), "bits")
+    if method == "cast":
+        # One cast is one pass, best done at once; fixes after it are passes that pay to repeat
+        # on cache-sized pieces.
+        one_pass = t.dtype != torch.float64 and not _cast_needs_fixing(fmt, saturate)
+        out = _in_pieces(t, lambda piece, target: _round_by_torch_cast(piece, fmt, _torch_dtype(fmt),
+                                                                       saturate, target),
+                         whole=one_pass)
+    elif method == "gaps":
+        out = _in_pieces(t, lambda piece, target: _round_by_gaps(piece, fmt, rounding, saturate, target))
+    else:
+        out = _round_bit_level(t, fmt, rounding, saturate, uniform)
     return out.numpy() if is_numpy else out
+
+
+def _in_pieces(t: torch.Tensor, fill, whole: bool = False) -> torch.Tensor:
+    """A float32 tensor shaped like ``t``, filled by ``fill(piece_of_t, piece_of_out)``.
+
+    Each step of the rounding is one pass over the data; on a CPU, passes over cache-sized
+    pieces run about twice as fast as passes over one large array (``whole``: one piece)."""
+    out = torch.empty(t.shape, dtype=torch.float32, device=t.device)
+    piece = _CPU_PIECE if t.device.type == "cpu" and not whole else max(t.numel(), 1)
+    for source, target in zip(t.detach().reshape(-1).split(piece), out.view(-1).split(piece)):
+        fill(source, target)
+    return out
+
+
+def _round_bit_level(t: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: bool, uniform):
+    """round_to with the bit-level algorithm (:func:`_round_tensor`), piece by piece."""
+    return _in_pieces(t, lambda piece, target: target.copy_(
+        _round_tensor(piece, fmt, rounding, saturate, uniform)))
+
+
+# --- the fast paths: torch's own casts and float arithmetic, where they give the same numbers
+def _layout(fmt: FloatFormat) -> tuple:
+    return (fmt.exponent_bits, fmt.mantissa_bits, fmt.has_infinity, fmt.nan, fmt.signed,
+            fmt.has_subnormals, fmt.bias)
+
+
+# torch dtypes by the layout they store (a renamed copy of a format finds its dtype too).
+_CAST_FORMATS = (FP32, BF16, FP16, E4M3, E5M2)
+_TORCH_DTYPE_BY_LAYOUT = {_layout(f): d for f, d in zip(_CAST_FORMATS, (
+    torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2))}
+
+
+def _torch_dtype(fmt: FloatFormat) -> torch.dtype | None:
+    """The torch dtype that stores exactly ``fmt``'s values, or None."""
+    return _TORCH_DTYPE_BY_LAYOUT.get(_layout(fmt))
+
+
+def _float32_rounded_to_odd(x: torch.Tensor) -> torch.Tensor:
+    """float64 ``x`` to float32, rounding to odd: an inexact result keeps the value below in
+    magnitude, with its last bit set. Rounding that to nearest in a format of at most 22
+    significand bits then equals rounding ``x`` itself once (Boldo and Melquiond's theorem),
+    where torch's cast to float32 and then to the format would round twice."""
+    f = x.to(torch.float32)
+    bits = f.view(torch.int32)
+    went_up = f.to(torch.float64).abs() > x.abs()  # rounded away from zero: step back one ulp
+    inexact = f.to(torch.float64) != x              # (NaN too: it stays NaN)
+    bits = torch.where(inexact, (bits - went_up.to(torch.int32)) | 1, bits)
+    return bits.view(torch.float32)
+
+
+def _cast_needs_fixing(fmt: FloatFormat, saturate: bool) -> bool:
+    """Whether torch's cast needs a pass after it: to clamp infinities where round_to saturates,
+    or to turn overflow into NaN where torch saturates and round_to does not (E4M3)."""
+    return (saturate and fmt.has_infinity) or (not saturate and not fmt.has_infinity and fmt.has_nan)
+
+
+def _round_by_torch_cast(x: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype,
+                         saturate: bool, out: torch.Tensor) -> torch.Tensor:
+    """Write round_to(x, fmt, saturate=saturate) (to nearest) into ``out``, with torch's cast."""
+    if x.dtype == torch.float64 and dtype != torch.float32:
+        x = _float32_rounded_to_odd(x)
+    elif x.dtype != torch.float64:
+        x = x.to(torch.float32)  # float16 and bfloat16 are exact in float32
+    out.copy_(x.to(dtype))
+    if not _cast_needs_fixing(fmt, saturate):
+        return out
+    if saturate:  # overflow (and inf) came out as ±inf: clamp it
+        out.clamp_(-fmt.max_value, fmt.max_value)
+    else:
+        # torch saturates overflow (E4M3: inf and |x| > 464 give 448); round_to gives NaN. The
+        # overflow starts at the midpoint above max_value, which rounds up if max_value is odd.
+        edge = fmt.max_value + 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)
+        overflow = x.abs() >= edge if fmt._top_mantissa % 2 else x.abs() > edge
+        out.masked_fill_(overflow, math.nan)
+    return out
+
+
+def _probe_inputs(fmt: FloatFormat, dtype: torch.dtype) -> torch.Tensor:
+    """Inputs where a fast path to ``fmt`` can go wrong: values of the format, every midpoint
+    between neighbours (the ties), one ulp of the input dtype either side, subnormals, the overflow edge,
+    infinities, -0 and NaNs with payloads. Every code of a 16-bit format; for FP32, a sample."""
+    if fmt.bits <= 16:
+        v = fmt.values().astype(np.float64)
+    else:  # every exponent field, with the smallest, largest and a few other mantissas
+        fields = np.arange(2**fmt.exponent_bits - 1, dtype=np.int64)[:, None] << fmt.mantissa_bits
+        mantissas = np.array([0, 1, 2, 3, 2**(fmt.mantissa_bits - 1), 2**fmt.mantissa_bits - 1])
+        v = decode((fields | mantissas).ravel(), fmt).astype(np.float64)
+        v = np.unique(np.concatenate([v, -v]))
+    gap = 2.0 ** (fmt.emax - fmt.mantissa_bits)
+    grid = np.concatenate([v, [v[-1] + gap, v[-1] + 2 * gap]])  # + what would come after max
+    mid = (grid[1:] + grid[:-1]) / 2  # exact: float64 holds every midpoint of a <=24-bit format
+    np_dtype = np.float64 if dtype == torch.float64 else np.float32
+    with np.errstate(over="ignore"):  # FP32's midpoint above max_value is inf in float32
+        mid = mid.astype(np_dtype)
+        specials = np.array([0.0, -0.0, np.inf, -np.inf, 2 * fmt.max_value, 1e30, 3.4e38,
+                             2.0**-149, 2.0**-150, 3 * 2.0**-151], dtype=np_dtype)
+        x = np.concatenate([grid.astype(np_dtype), mid, np.nextafter(mid, np_dtype(np.inf)),
+                            np.nextafter(mid, np_dtype(-np.inf)), specials])
+    x = torch.from_numpy(np.concatenate([x, -x]))
+    int_dtype = torch.int64 if dtype == torch.float64 else torch.int32
+    bits = torch.tensor(_NAN_PATTERNS[int_dtype], dtype=int_dtype).view(dtype)
+    return torch.cat([x, bits])
+
+
+# NaN bit patterns: quiet and signalling, smallest and largest payloads, both signs.
+_NAN_PATTERNS = {
+    torch.int32: [0x7FC00000, 0x7F800001, 0x7FFFFFFF, 0x7FA00000, -0x00400000, -0x007FFFFF, -1],
+    torch.int64: [0x7FF8000000000000, 0x7FF0000000000001, 0x7FFFFFFFFFFFFFFF, 0x7FF0000020000000,
+                  -0x0008000000000000, -1],
+}
+
+
+# The fast paths, each with when it applies (in words, for the error message).
+_FAST_PATHS = {
+    "cast": "it needs rounding='nearest_even' and a format torch has a dtype for "
+            f"({', '.join(f.name for f in _CAST_FORMATS)})",
+    "gaps": "it needs a signed format with subnormals and rounding='nearest_even' or 'toward_zero'",
+}
+
+
+def _applies(method: str, fmt: FloatFormat, rounding: str) -> bool:
+    if method == "cast":
+        return rounding == "nearest_even" and _torch_dtype(fmt) is not None
+    return rounding in ("nearest_even", "toward_zero") and fmt.signed and fmt.has_subnormals
+
+
+def _round_by_gaps(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: bool,
+                   out: torch.Tensor) -> torch.Tensor:
+    """Write round_to(x, fmt, ...) into ``out`` with the carrier's own float arithmetic.
+
+    Around ``|x|`` in ``[2**e, 2**(e+1))`` the format's values are the multiples of
+    ``gap = 2**(max(e, emin) - M)`` (``max``: one spacing for the whole subnormal range), so
+    ``round(|x| / gap) * gap`` is the rounded value: dividing by a power of two and multiplying
+    back are exact, and ``torch.round`` rounds half to even (``torch.trunc``: toward zero).
+    """
+    c = _carrier_for(x.dtype, fmt)
+    x = x.to(c.dtype)
+    a = x.abs()
+    e = torch.frexp(a).exponent - 1                            # a in [2**e, 2**(e+1))
+    gap = torch.ldexp(torch.ones_like(a), torch.clamp(e, min=fmt.emin) - fmt.mantissa_bits)
+    steps = a / gap
+    y = (torch.round(steps) if rounding == "nearest_even" else torch.trunc(steps)) * gap
+    # Overflow (and infinite input), by the same rules as the bit-level path.
+    if saturate or not (fmt.has_infinity or fmt.has_nan):
+        overflow = fmt.max_value
+    else:
+        overflow = math.inf if fmt.has_infinity else math.nan
+    too_big = y > fmt.max_value                                  # NaN stays NaN: never too big
+    if rounding == "toward_zero":  # rounding toward zero never turns a finite value into inf
+        y = torch.where(too_big & torch.isfinite(a), fmt.max_value, torch.where(too_big, overflow, y))
+    else:
+        y = torch.where(too_big, overflow, y)
+    return out.copy_(torch.copysign(y, x))
+
+
+@functools.lru_cache(maxsize=None)
+def _agrees_on(method: str, fmt: FloatFormat, rounding: str, device: torch.device,
+               from_float64: bool) -> bool:
+    dtype = torch.float64 if from_float64 else torch.float32
+    x = _probe_inputs(fmt, dtype).to(device)
+    for saturate in (False, True):
+        fast = torch.empty_like(x, dtype=torch.float32)
+        if method == "cast":
+            _round_by_torch_cast(x, fmt, _torch_dtype(fmt), saturate, fast)
+        else:
+            _round_by_gaps(x, fmt, rounding, saturate, fast)
+        exact = _round_bit_level(x, fmt, rounding, saturate, None)
+        same_bits = fast.view(torch.int32) == exact.view(torch.int32)  # -0.0 is not 0.0
+        if not bool((same_bits | (fast.isnan() & exact.isnan())).all()):
+            return False
+    return True
+
+
+def _fast_path_agrees(method: str, fmt: FloatFormat, rounding: str, device: torch.device,
+                      from_float64: bool) -> bool:
+    """Whether a fast path (``"cast"``, ``"gaps"``) gives, on this kind of device, the bit-level
+    algorithm's numbers on every probe input (:func:`_probe_inputs`). Checked once per path,
+    format, rounding, device and input width; where it does not agree, round_to keeps the
+    bit-level path."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _agrees_on(method, fmt, rounding, device, from_float64)
 
 
 def round_scalar(value: float, fmt, *, rounding: str = "nearest_even", saturate: bool = False,

@@ -369,8 +369,14 @@ class DeviceProfile:
                               "cuda" if torch.cuda.is_available() else "cpu")
         if device.type == "cuda":
             name = torch.cuda.get_device_name(device)
-            if torch.version.hip:  # AMD's capability numbers are gfx versions, not NVIDIA's
-                return cls("rocm", name)
+            if torch.version.hip:  # AMD's capability numbers are gfx versions, not NVIDIA's:
+                # 9.4 is an MI300 (gfx942), whose FP8 is float8_e4m3fnuz, not Hopper's e4m3fn
+                from mpcourse.bench.specs import fp8_dtypes_of
+                major, minor = torch.cuda.get_device_capability(device)
+                fp8 = fp8_dtypes_of("amd", (major, minor))
+                fp8_text = ("no FP8" if fp8 is None else
+                            "FP8 as " + " and ".join(str(d).removeprefix("torch.") for d in fp8))
+                return cls("rocm", f"{name} (AMD gfx{major}{minor:x}, {fp8_text})")
             capability = tuple(torch.cuda.get_device_capability(device))
             return cls("cuda", name, capability, fp8_matmul=_scaled_mm_runs(device))
         if device.type == "cpu":

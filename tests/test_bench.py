@@ -132,7 +132,10 @@ REAL_NAMES = {  # torch.cuda.get_device_name() strings -> the table entry they m
     "NVIDIA A100-SXM4-40GB": "A100 SXM4 40GB", "NVIDIA A100-SXM4-80GB": "A100 SXM4 80GB",
     "NVIDIA A100-PCIE-40GB": "A100 PCIe 40GB", "NVIDIA A100 80GB PCIe": "A100 PCIe 80GB",
     "NVIDIA L4": "L4", "NVIDIA H100 80GB HBM3": "H100 SXM", "NVIDIA H100 PCIe": "H100 PCIe",
-    "NVIDIA H200": "H200 SXM",
+    "NVIDIA H200": "H200 SXM", "NVIDIA L40S": "L40S", "NVIDIA GeForce RTX 4090": "RTX 4090",
+    "NVIDIA GeForce RTX 5090": "RTX 5090", "NVIDIA B200": "B200", "NVIDIA GB200": "GB200",
+    "AMD Instinct MI300X": "MI300X", "AMD Instinct MI300X VF": "MI300X",
+    "AMD Instinct MI325X": "MI325X",
 }
 
 
@@ -141,8 +144,11 @@ def test_device_names_find_their_spec_and_unknown_names_find_none():
         spec = lookup_spec(device_name)
         assert spec is not None and spec.name == spec_name, device_name
     assert {spec.name for spec in GPU_SPECS} == set(REAL_NAMES.values())  # every row reachable
-    for other in ("NVIDIA GeForce RTX 4090", "NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA L40S",
-                  "NVIDIA A100X", "AMD Instinct MI300X", ""):
+    # Other boards of the same chips are not matched by their siblings' rows: a laptop or China
+    # variant has fewer units, the NVL boards other clocks (and no datasheet figure was found).
+    for other in ("NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA GeForce RTX 4090 D",
+                  "NVIDIA GeForce RTX 4090 Laptop GPU", "NVIDIA GeForce RTX 5090 D",
+                  "NVIDIA A100X", "AMD Instinct MI300A", "NVIDIA L40", "NVIDIA B300", ""):
         assert lookup_spec(other) is None, other
 
 
@@ -153,13 +159,21 @@ def test_spec_table_is_consistent_with_the_architectures():
         assert peaks["fp32"] > 0
         assert peaks["fp16"] > peaks["fp32"]  # every GPU listed has FP16 tensor cores
         assert (peaks["bf16"] is None) == (peaks["tf32"] is None) == (cc < (8, 0))
-        assert (peaks["fp8"] is None) == (cc < (8, 9))
+        assert (peaks["fp8"] is None) == (spec.fp8_dtypes is None) == (cc < (8, 9))
         if peaks["bf16"] is not None:
             assert peaks["bf16"] == peaks["fp16"]      # same tensor-core rate on every GPU listed
-            # TF32 runs at half the 16-bit rate, FP8 at twice it (dense)
-            assert peaks["tf32"] == pytest.approx(peaks["bf16"] / 2, rel=0.01)
+            # TF32 runs at half the 16-bit rate, FP8 at twice it (dense; some datasheets round:
+            # the L40S's TF32 183 against BF16 362.05, the B200's TF32 1.1 against 2.25 PFLOPS)
+            assert peaks["tf32"] == pytest.approx(peaks["bf16"] / 2, rel=0.025)
         if peaks["fp8"] is not None:
-            assert peaks["fp8"] == pytest.approx(2 * peaks["bf16"], rel=0.01)
+            assert peaks["fp8"] == pytest.approx(2 * peaks["bf16"], rel=0.025)
+        # FP4 tensor cores came with Blackwell (10.0 data centre, 12.0 GeForce), at twice FP8
+        assert (spec.fp4_tflops is not None) == (spec.vendor == "nvidia" and cc >= (10, 0))
+        if spec.fp4_tflops is not None:  # twice FP8 (on GeForce, twice its FP16-accumulation rate)
+            fp8_fastest = peaks["fp8"] * (2 if "FP16 accumulation" in spec.note else 1)
+            assert spec.fp4_tflops == pytest.approx(2 * fp8_fastest, rel=0.01)
+        assert spec.vendor in ("nvidia", "amd")
+        assert spec.source.startswith("AMD" if spec.vendor == "amd" else ("NVIDIA", "AWS"))
     by_name = {spec.name: spec for spec in GPU_SPECS}
     # Same chip, same compute; only memory differs.
     a100s = [s for s in GPU_SPECS if s.name.startswith("A100")]
@@ -169,6 +183,52 @@ def test_spec_table_is_consistent_with_the_architectures():
     a100_40, a100_80 = by_name["A100 SXM4 40GB"], by_name["A100 SXM4 80GB"]
     assert a100_80.memory_bandwidth_gbs > a100_40.memory_bandwidth_gbs
     assert [s.name for s in GPU_SPECS if s.approximate] == ["A10G"]
+    assert by_name["MI325X"].peak_tflops == by_name["MI300X"].peak_tflops  # same CDNA 3 chip
+    # GeForce rows hold the FP32-accumulation rate, and say that FP16 accumulation doubles it.
+    for name in ("RTX 4090", "RTX 5090"):
+        assert "FP16 accumulation" in by_name[name].note and "twice" in by_name[name].note
+
+
+def test_fp8_formats_are_ocp_on_nvidia_and_fnuz_on_mi300():
+    from mpcourse.bench.specs import fp8_dtypes_of
+    ocp, fnuz = (torch.float8_e4m3fn, torch.float8_e5m2), (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+    assert fp8_dtypes_of("nvidia", (9, 0)) == fp8_dtypes_of("nvidia", (8, 9)) == ocp
+    assert fp8_dtypes_of("nvidia", (8, 6)) is None
+    assert fp8_dtypes_of("amd", (9, 4)) == fnuz   # gfx942 (MI300): 9.4 is not Hopper
+    assert fp8_dtypes_of("amd", (9, 5)) == ocp    # gfx950 (MI350)
+    assert fp8_dtypes_of("amd", (9, 0)) is None   # gfx90a (MI200): no FP8
+    with pytest.raises(ValueError, match="vendor"):
+        fp8_dtypes_of("intel", (1, 0))
+    # The FNUZ formats really differ: E4M3FNUZ tops out at 240, E4M3FN at 448.
+    assert torch.finfo(fnuz[0]).max == 240 and torch.finfo(ocp[0]).max == 448
+    assert lookup_spec("AMD Instinct MI300X").fp8_dtypes == fnuz
+    assert lookup_spec("NVIDIA H100 80GB HBM3").fp8_dtypes == ocp
+
+
+def test_an_mi300_is_described_as_amd_with_fnuz_fp8(monkeypatch):
+    """device_info, precision_support and DeviceProfile.detect on a (simulated) ROCm MI300X."""
+    from types import SimpleNamespace
+
+    from mpcourse.training import DeviceProfile, select_precision
+    props = SimpleNamespace(name="AMD Instinct MI300X", major=9, minor=4, total_memory=192e9,
+                            L2_cache_size=4 * 2**20)
+    monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: props.name)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 4))
+    info = device_info("cuda")
+    assert info.vendor == "amd" and info.spec.name == "MI300X"
+    assert info.fp8_dtypes == (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+    supported, reason = precision_support("fp8", "cuda")
+    assert not supported and "float8_e4m3fnuz" in reason and "gfx94" in reason
+    assert "Hopper" not in reason
+    assert precision_support("bf16", "cuda")[0]
+    profile = DeviceProfile.detect("cuda")
+    assert profile.kind == "rocm" and "float8_e4m3fnuz" in profile.name
+    choice = select_precision(profile)
+    assert choice.precision != "fp8" and not any("Hopper" in r for r in choice.reasons)
 
 
 def test_device_info_on_the_cpu_says_unknown_instead_of_guessing():

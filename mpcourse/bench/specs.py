@@ -10,6 +10,17 @@ cycle: a ceiling no real program reaches. Two traps when reading one:
   FP16, BF16 and FP8 run on tensor cores, on matrix products only; everything else (LayerNorm,
   softmax, the optimizer) runs on the CUDA cores and is usually limited by memory bandwidth.
 
+- **Accumulation on GeForce cards.** A GeForce datasheet (RTX 4090, RTX 5090) headlines the
+  tensor-core rate with FP16 accumulation, twice the rate with FP32 accumulation, which is what
+  mixed-precision training uses (autocast and cuBLAS accumulate in FP32). The figures below are
+  the FP32-accumulation rates; data-centre GPUs run both at the same rate.
+- **FP8 is two families.** NVIDIA (compute capability 8.9 and newer) and AMD's MI350 use the OCP
+  formats (``torch.float8_e4m3fn``, ``torch.float8_e5m2``); AMD's MI300 series (gfx942) uses
+  the FNUZ variants (``torch.float8_e4m3fnuz``, ``torch.float8_e5m2fnuz``: no infinities, no
+  negative zero, NaN is the code of -0, exponent bias one higher, so E4M3FNUZ tops out at 240,
+  not 448). And on AMD GPUs, torch's "compute capability" is the gfx version (9.4 is gfx942,
+  MI300), not NVIDIA's: 9.4 is not Hopper.
+
 Peaks are in TFLOP/s (10^12 floating-point operations per second; a multiply-add counts as
 two) and bandwidth in GB/s (10^9 bytes per second), as in the datasheets.
 """
@@ -48,6 +59,9 @@ class GpuSpec:
         memory_bandwidth_gbs: peak memory bandwidth in GB/s.
         source: the document the figures come from.
         approximate: True where no NVIDIA datasheet exists and the figures are less certain.
+        fp4_tflops: dense peak of FP4 (E2M1) tensor-core products, None where the GPU has none.
+        vendor: ``"nvidia"`` or ``"amd"`` (whose ``compute_capability`` is torch's gfx number).
+        note: what else to know when reading this GPU's datasheet.
     """
     name: str
     pattern: str
@@ -56,6 +70,34 @@ class GpuSpec:
     memory_bandwidth_gbs: float
     source: str
     approximate: bool = False
+    fp4_tflops: float | None = None
+    vendor: str = "nvidia"
+    note: str = ""
+
+    @property
+    def fp8_dtypes(self) -> tuple[torch.dtype, torch.dtype] | None:
+        """The torch dtypes of this GPU's FP8 tensor cores (E4M3, E5M2), or None without any."""
+        if self.peak_tflops["fp8"] is None:
+            return None
+        return fp8_dtypes_of(self.vendor, self.compute_capability)
+
+
+def fp8_dtypes_of(vendor: str, capability: tuple[int, int]) -> tuple[torch.dtype, torch.dtype] | None:
+    """The FP8 dtypes (E4M3, E5M2) a GPU's tensor cores take, from its vendor and torch's
+    capability number; None for a GPU without FP8 units (or one this function does not know).
+
+    NVIDIA from 8.9 (Ada, Hopper, Blackwell): the OCP formats ``float8_e4m3fn``/``float8_e5m2``.
+    AMD gfx94x (MI300 series, torch reports 9.4): the FNUZ variants ``float8_e4m3fnuz``/
+    ``float8_e5m2fnuz``. AMD gfx95x (MI350 series): the OCP formats.
+    """
+    ocp = (torch.float8_e4m3fn, torch.float8_e5m2)
+    if vendor == "nvidia":
+        return ocp if capability >= TENSOR_CORES_SINCE["fp8"] else None
+    if vendor == "amd":
+        if capability[0] == 9 and capability[1] in (4,):
+            return (torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
+        return ocp if capability[0] == 9 and capability[1] == 5 else None
+    raise ValueError(f"vendor is 'nvidia' or 'amd', not {vendor!r}")
 
 
 def _peaks(fp32, tf32=None, fp16=None, bf16=None, fp8=None) -> dict[str, float | None]:
@@ -113,7 +155,48 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
     # a lower-power board, is not matched.)
     GpuSpec("H200 SXM", r"\bh200\b(?!.*nvl)", (9, 0), _peaks(66.9, 494.7, 989.4, 989.4, 1978.9),
             4800.0, "NVIDIA H200 datasheet (SXM)"),
+    # NVIDIA L40S datasheet: FP32 91.6, TF32 183 (366*), BF16/FP16 362.05 (733*), FP8 733
+    # (1,466*), 864 GB/s GDDR6. (The datasheet's own dense figures, not quite in 1:2:4 ratio.)
+    GpuSpec("L40S", r"\bl40s\b", (8, 9), _peaks(91.6, 183.0, 362.05, 362.05, 733.0), 864.0,
+            "NVIDIA L40S datasheet"),
+    # NVIDIA Ada GPU architecture whitepaper, appendix (GeForce RTX 4090): FP32 82.6; with FP32
+    # accumulation TF32 82.6, FP16/BF16 165.2, FP8 330.3 (dense); 1,008 GB/s GDDR6X. torch
+    # names it "NVIDIA GeForce RTX 4090" (the China-only "RTX 4090 D" and laptop chips differ).
+    GpuSpec("RTX 4090", r"geforce rtx 4090$", (8, 9), _peaks(82.6, 82.6, 165.2, 165.2, 330.3),
+            1008.0, "NVIDIA Ada GPU architecture whitepaper (GeForce RTX 4090)",
+            note="FP16 and FP8 with FP16 accumulation run twice as fast (330.3 and 660.6 dense): "
+                 "the datasheet headline; training accumulates in FP32"),
+    # NVIDIA RTX Blackwell GPU architecture whitepaper (GeForce RTX 5090): FP32 104.8; with FP32
+    # accumulation TF32 104.8, FP16/BF16 209.5, FP8 419, FP4 1,676 (3,352* "AI TOPS") dense;
+    # 1,792 GB/s GDDR7. Compute capability 12.0 (data-centre Blackwell is 10.0).
+    GpuSpec("RTX 5090", r"geforce rtx 5090$", (12, 0), _peaks(104.8, 104.8, 209.5, 209.5, 419.0),
+            1792.0, "NVIDIA RTX Blackwell GPU architecture whitepaper (GeForce RTX 5090)",
+            fp4_tflops=1676.0,
+            note="FP16 and FP8 with FP16 accumulation run twice as fast (419 and 838 dense): "
+                 "the datasheet headline; training accumulates in FP32. The FP4 figure is twice "
+                 "the FP16-accumulation FP8 rate"),
+    # NVIDIA Blackwell datasheet, HGX B200 column, per GPU: FP4 18*, FP8/FP6 9*, FP16/BF16 4.5*,
+    # TF32 2.2* PFLOPS, FP32 75 TFLOPS, 180 GB HBM3e at 7.7 TB/s. torch names it "NVIDIA B200".
+    GpuSpec("B200", r"\bb200\b", (10, 0), _peaks(75.0, 1100.0, 2250.0, 2250.0, 4500.0), 7700.0,
+            "NVIDIA Blackwell datasheet (HGX B200, per GPU)", fp4_tflops=9000.0),
+    # Same datasheet, GB200 NVL72 column, per GPU: FP4 20*, FP8/FP6 10*, FP16/BF16 5*, TF32 2.5*
+    # PFLOPS, FP32 80 TFLOPS, 186 GB HBM3e at 8 TB/s (a higher power limit than the HGX B200).
+    GpuSpec("GB200", r"\bgb200\b", (10, 0), _peaks(80.0, 1250.0, 2500.0, 2500.0, 5000.0), 8000.0,
+            "NVIDIA Blackwell datasheet (GB200 NVL72, per GPU)", fp4_tflops=10000.0),
+    # AMD Instinct MI300X data sheet: peak FP32 vector 163.4, TF32 653.7, FP16/BF16 1,307.4,
+    # FP8 2,614.9 TFLOPS dense (twice that with sparsity), 5.3 TB/s HBM3. CDNA 3, gfx942: torch
+    # reports capability 9.4, and its FP8 is the FNUZ pair (float8_e4m3fnuz, float8_e5m2fnuz).
+    GpuSpec("MI300X", r"\bmi300x\b", (9, 4), _peaks(163.4, 653.7, 1307.4, 1307.4, 2614.9), 5300.0,
+            "AMD Instinct MI300X data sheet", vendor="amd",
+            note="FP8 as float8_e4m3fnuz / float8_e5m2fnuz, not the OCP e4m3fn / e5m2"),
+    # AMD Instinct MI325X data sheet: the MI300X's compute (same CDNA 3 chip) with 256 GB HBM3E
+    # at 6 TB/s.
+    GpuSpec("MI325X", r"\bmi325x\b", (9, 4), _peaks(163.4, 653.7, 1307.4, 1307.4, 2614.9), 6000.0,
+            "AMD Instinct MI325X data sheet", vendor="amd",
+            note="FP8 as float8_e4m3fnuz / float8_e5m2fnuz, not the OCP e4m3fn / e5m2"),
 )
+# Not listed, for want of a datasheet figure found: the H100 NVL (its name matches no row, so
+# its peaks are not guessed from the H100 SXM's) and the B300 (no dense figures published).
 
 
 def lookup_spec(device_name: str) -> GpuSpec | None:
@@ -149,6 +232,9 @@ class DeviceInfo:
         memory_gb: the GPU's memory (None on a CPU).
         l2_cache_mb: the GPU's L2 cache (None where torch does not report it, and on a CPU).
         threads: torch's CPU threads (``torch.get_num_threads()``) when this was read.
+        fp8_dtypes: the torch dtypes (E4M3, E5M2) of the GPU's FP8 units: the OCP pair on NVIDIA,
+            the FNUZ pair on an AMD MI300; None without FP8 units (and on every CPU).
+        vendor: ``"nvidia"`` or ``"amd"`` for a GPU (torch calls both "cuda"), None on a CPU.
     """
     name: str
     kind: str
@@ -162,6 +248,8 @@ class DeviceInfo:
     memory_gb: float | None = None
     l2_cache_mb: float | None = None
     threads: int = field(default_factory=torch.get_num_threads)
+    fp8_dtypes: tuple[torch.dtype, torch.dtype] | None = None
+    vendor: str | None = None
 
     def peak(self, precision: str) -> float | None:
         """The dense peak TFLOP/s for ``precision`` (a name of :data:`PRECISIONS`), or None."""
@@ -192,20 +280,26 @@ def _cuda_info(device: torch.device) -> DeviceInfo:
         device = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
     capability = (props.major, props.minor)
+    vendor = "amd" if torch.version.hip else "nvidia"
     spec = lookup_spec(props.name)
     if spec is None:
         note = (f"unknown: {props.name!r} is not in the spec table (mpcourse.bench.GPU_SPECS); "
                 "peaks are not guessed")
     else:
         note = f"{spec.name}: {spec.source}"
-    accelerates = {p: capability >= since for p, since in TENSOR_CORES_SINCE.items()}
+    fp8 = fp8_dtypes_of(vendor, capability)
+    if vendor == "nvidia":
+        accelerates = {p: capability >= since for p, since in TENSOR_CORES_SINCE.items()}
+    else:  # AMD's capability is a gfx number: NVIDIA's thresholds say nothing about it
+        accelerates = {"fp16": True, "bf16": True, "tf32": None, "fp8": fp8 is not None}
     l2 = getattr(props, "L2_cache_size", 0)
     return DeviceInfo(
         name=props.name, kind="cuda", device=str(device), compute_capability=capability,
         accelerates=accelerates,
         peak_tflops=dict(spec.peak_tflops) if spec else dict.fromkeys(PRECISIONS),
         memory_bandwidth_gbs=spec.memory_bandwidth_gbs if spec else None, spec=spec,
-        spec_note=note, memory_gb=props.total_memory / 1e9, l2_cache_mb=l2 / 2**20 if l2 else None)
+        spec_note=note, memory_gb=props.total_memory / 1e9, l2_cache_mb=l2 / 2**20 if l2 else None,
+        fp8_dtypes=fp8, vendor=vendor)
 
 
 def _cpu_info() -> DeviceInfo:
@@ -285,6 +379,8 @@ def precision_support(precision, device=None) -> tuple[bool, str]:
                       else f"{label} runs, but this CPU has no {label} instructions: kernels "
                       "convert to FP32, expect no speed-up")
     major, minor = info.compute_capability
+    if info.vendor == "amd":
+        return _amd_support(precision, info)
     here = f"{info.name} (compute capability {major}.{minor})"
     if precision == "fp8":
         return native_fp8_support(info.device)
@@ -295,6 +391,25 @@ def precision_support(precision, device=None) -> tuple[bool, str]:
     return False, (f"{here} has no {PRECISION_LABELS[precision]} tensor cores (they start at "
                    f"{since[0]}.{since[1]}, Ampere)" + ("; PyTorch would emulate BF16, slower "
                                                        "than FP32" if precision == "bf16" else ""))
+
+
+def _amd_support(precision: str, info: DeviceInfo) -> tuple[bool, str]:
+    """precision_support on an AMD GPU, where torch's "compute capability" is the gfx version."""
+    major, minor = info.compute_capability
+    here = f"{info.name} (AMD gfx{major}{minor:x}, reported by torch as capability {major}.{minor})"
+    if precision == "fp8":
+        if info.fp8_dtypes is None:
+            return False, f"{here} has no FP8 matrix cores that this library knows of"
+        e4m3, e5m2 = (str(d).removeprefix("torch.") for d in info.fp8_dtypes)
+        if info.fp8_dtypes[0] != PRECISION_DTYPES["fp8"]:
+            return False, (f"{here} has FP8 matrix cores only for {e4m3} and {e5m2}, the FNUZ "
+                           "variants (no infinities, no -0, E4M3 up to 240), not the OCP "
+                           "float8_e4m3fn this library's FP8 products use")
+        return True, f"{here} has FP8 matrix cores for {e4m3} and {e5m2}"
+    if precision == "tf32":
+        return False, (f"{here}: TF32 is measured on NVIDIA GPUs only (8.0 and newer); on an AMD "
+                       "GPU this library cannot tell a TF32-like mode from plain FP32")
+    return True, f"{here} runs {PRECISION_LABELS[precision]} on its matrix cores"
 
 
 def as_device(device) -> torch.device:
