@@ -29,7 +29,7 @@
     function getFormat(name) {
       if (typeof name !== "string") throw new TypeError("a format is a name such as 'fp16'");
       const f = byName.get(name.trim().toLowerCase());
-      if (!f) throw new Error(`unknown format ${JSON.stringify(name)}; valid names: ${[...byName.keys()].sort().join(", ")}`);
+      if (!f) throw new Error(`unknown format '${name}'; valid names: ${[...byName.keys()].sort().join(", ")}`);
       return f;
     }
 
