@@ -315,6 +315,19 @@ def test_a_typed_value_is_rounded_and_its_error_shown(page, fmt, text, saturate)
 
 
 @needs_chromium
+def test_a_typed_decimal_is_rounded_once_not_through_a_double(page):
+    """Just above an FP16 tie by less than a double can hold: as a double it is the tie itself
+    (which rounds down, to even), but the decimal typed is nearer the value above."""
+    text = "1.00048828125" + "0" * 20 + "1"  # 1 + 2**-11 + 10**-33
+    assert float(text) == 1 + 2**-11 and formats.round_to(float(text), "fp16") == 1.0
+    values = [Fraction(float(v)) for v in formats.FP16.values()]
+    nearest = min(values, key=lambda v: abs(v - Fraction(text)))
+    assert page.open(page.url) is None
+    type_value(page, text)
+    assert formats.decode(shown(page)["code"], "fp16") == nearest == 1 + Fraction(2) ** -10
+
+
+@needs_chromium
 def test_bad_input_is_answered_in_words_and_changes_nothing(page):
     assert page.open(page.url) is None
     code = shown(page)["code"]
@@ -348,3 +361,22 @@ def test_without_a_browser_the_output_says_what_describe_says():
         explorer("fp7")
     with pytest.raises(TypeError):
         explorer("fp16", "0.1")
+
+
+@needs_chromium
+def test_the_built_chapter_has_a_working_explorer(built_book):
+    """The book as built (myst-nb embeds the cell's HTML output, script included): the explorer
+    in chapter 1 mounts without a script error, and a click on a bit changes the value shown."""
+    with browser.Chromium(CHROMIUM) as chromium:
+        assert chromium.open((built_book / "book" / "01_floating_point.html").as_uri()) is None
+        errors = [e["exceptionDetails"].get("exception", {}).get("description", "")
+                  for method, e in chromium.events if method == "Runtime.exceptionThrown"]
+        assert not [e for e in errors if "mpcourse" in e or "mpx" in e], errors
+        assert chromium.evaluate("document.querySelectorAll('.mpcourse-explorer[data-mounted]').length") >= 1
+        before = shown(chromium)
+        click(chromium, '.mpcourse-explorer .mpx-bit[data-bit="0"]')
+        now = shown(chromium)
+        fmt = now["format"]
+        assert now["code"] == before["code"] ^ 1
+        assert float(now["value"]) == formats.decode(now["code"], fmt)
+        assert chromium.evaluate("mpcourseFloat.decode('fp16', 0x7BFF)") == formats.FP16.max_value

@@ -168,17 +168,28 @@
     return (digits.slice(0, point) + "." + digits.slice(point)).replace(/\.?0+$/, "");
   }
 
-  function approx(n, d, digits = 4) {  // n/d (d > 0) to `digits` significant digits
+  function approx(n, d, digits = 4) {  // n/d (d > 0) rounded to `digits` significant digits
     if (n === 0n) return "0";
     const negative = n < 0n;
     if (negative) n = -n;
     let k = n.toString().length - d.toString().length;  // 10**(k-1) < n/d < 10**(k+1)
-    const scaled = (p) => (p >= 0 ? (n * 10n ** BigInt(p)) / d : n / (d * 10n ** BigInt(-p)));
+    const scaled = (p) => {  // n/d * 10**p, rounded to the nearest integer
+      const [num, den] = p >= 0 ? [n * 10n ** BigInt(p), d] : [n, d * 10n ** BigInt(-p)];
+      return (2n * num + den) / (2n * den);
+    };
     let s = scaled(digits - k);
-    if (s.toString().length > digits) { k += 1; s = scaled(digits - k); }
-    const text = s.toString();
-    const mantissa = text.length > 1 ? text[0] + "." + text.slice(1) : text;
-    return (negative ? "\u2212" : "") + mantissa.replace(/\.?0+$/, "") + (k - 1 ? `e${k - 1}` : "");
+    while (s.toString().length > digits) { k += 1; s = scaled(digits - k); }
+    const e = k - 1;  // n/d is about s * 10**(e - digits + 1), with 10**e <= it < 10**(e+1)
+    let text = s.toString().padStart(digits, "0");
+    if (e >= -5 && e < 7) {  // plain decimal
+      const point = e + 1;
+      text = point >= digits ? text + "0".repeat(point - digits)
+        : point > 0 ? text.slice(0, point) + "." + text.slice(point) : "0." + "0".repeat(-point) + text;
+      if (text.includes(".")) text = text.replace(/\.?0+$/, "");
+    } else {
+      text = (text[0] + "." + text.slice(1)).replace(/\.?0+$/, "") + `e${e}`;
+    }
+    return (negative ? "\u2212" : "") + text;
   }
 
   const escapeHtml = (text) => text.replace(/[&<>"]/g, (c) => `&#${c.charCodeAt(0)};`);
