@@ -15,7 +15,6 @@ In the page, the arithmetic is ``window.mpcourseFloat``::
 from __future__ import annotations
 
 import html
-import itertools
 import json
 import math
 from importlib import resources
@@ -24,8 +23,6 @@ from IPython.display import HTML
 
 from mpcourse.formats import FORMATS, describe, encode, get_format
 from mpcourse.plotting import FIELD_COLORS
-
-_ids = itertools.count()
 
 
 def format_table() -> dict:
@@ -83,7 +80,7 @@ def explorer(fmt="fp16", value: float = 0.1) -> Explorer:
     colours = "".join(f".mpcourse-explorer .mpx-{field} {{ --field: {colour}; }}\n"
                       for field, colour in FIELD_COLORS.items())
     data = (
-        f'<div class="mpcourse-explorer" id="mpcourse-explorer-{next(_ids)}" '
+        f'<div class="mpcourse-explorer" '
         f'data-format="{html.escape(fmt.name)}" data-initial="{html.escape(initial)}">\n'
         "<p>The interactive explorer needs JavaScript, which this view does not run (it runs in "
         "the online book, on Colab and in a trusted Jupyter notebook). What "

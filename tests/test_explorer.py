@@ -126,9 +126,10 @@ def boundary_doubles(fmt, rng) -> np.ndarray:
     specials = [0.0, math.inf, math.nan, 5e-324, 2.0**-1022, 1.7e308, 1.0, 0.1, 1 / 3]
     mags = np.exp2(rng.uniform(math.log2(fmt.min_subnormal) - 4, math.log2(fmt.max_value) + 4, 20_000))
     random_bits = rng.integers(0, 2**64, 20_000, dtype=np.uint64).view(np.float64)
+    double_subnormals = rng.integers(1, 2**52, 200, dtype=np.uint64).view(np.float64)
     x = np.concatenate([values, midpoints, edges, specials, mags])
     x = np.concatenate([x, np.nextafter(x, np.inf), np.nextafter(x, -np.inf)])
-    x = np.concatenate([x, -x, random_bits])
+    x = np.concatenate([x, -x, random_bits, double_subnormals, -double_subnormals])
     x = x[~np.isnan(x)]
     return np.concatenate([x, [math.nan, -math.nan]])
 
@@ -334,6 +335,17 @@ def test_bad_input_is_answered_in_words_and_changes_nothing(page):
     type_value(page, "0.1.2")
     now = shown(page)
     assert "is not a number" in now["status"] and now["code"] == code
+    type_value(page, "1e999")
+    assert "between 1e-400 and 1e400" in shown(page)["status"]
+    type_value(page, "nan")
+    choose_format(page, "e2m1")  # no NaN: no code for the value typed
+    now = shown(page)
+    assert now["status"] == str(pytest.raises(ValueError, formats.encode, math.nan, "e2m1").value)
+    assert now["format"] == "e2m1" and 0 <= now["code"] < 16
+    choose_format(page, "e8m0")  # no zero: NaN, and the page says why
+    type_value(page, "0")
+    now = shown(page)
+    assert math.isnan(formats.decode(now["code"], "e8m0")) and "no zero" in now["rows"]["rounding error"]
 
 
 @needs_chromium

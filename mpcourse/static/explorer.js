@@ -213,7 +213,7 @@
     const select = el("select", { class: "mpx-format", "aria-label": "format" },
       ...table.formats.map((f) => el("option", { value: f.name },
         `${f.name.toUpperCase()} (${f.bits} bits)`)));
-    const input = el("input", { class: "mpx-input", type: "text", inputmode: "decimal",
+    const input = el("input", { class: "mpx-input", type: "text",
       autocomplete: "off", spellcheck: "false", "aria-label": "value to round into the format" });
     const saturate = el("input", { class: "mpx-saturate", type: "checkbox" });
     const down = el("button", { type: "button", class: "mpx-step", "aria-label": "next value down" }, "\u25c0 next down");
@@ -305,7 +305,8 @@
 
       const describe = (c) => (c === null ? "none" : minus(String(F.decode(fmt.name, c))).replace("Infinity", "\u221e"));
       const below = neighbour(-1), above = neighbour(1);
-      row("neighbours", `${describe(below)} &lt; this &lt; ${describe(above)}`, "mpx-neighbours");
+      row("neighbours", p.kind === "NaN" ? "none: NaN is not on the number line"
+        : `${describe(below)} &lt; this &lt; ${describe(above)}`, "mpx-neighbours");
       down.disabled = below === null;
       up.disabled = above === null;
       if (p.kind !== "NaN" && p.kind !== "infinity") {
@@ -315,9 +316,13 @@
       }
       if (typed) {
         let text;
-        if (typed.x.nan || typed.x.infinite) text = "stored as it is";
+        const clamp = saturate.checked ? "" : " (tick \u201csaturate\u201d to clamp it)";
+        if (typed.x.nan) text = "NaN stays NaN";
+        else if (typed.x.infinite) text = `an infinite input, stored as ${describe(code)}` + (p.kind === "normal" ? "" : clamp);
+        else if (p.kind === "NaN" && (typed.x.n === 0n || (typed.x.negative && !fmt.signed)))
+          text = `${fmt.name.toUpperCase()} has no code for it (${typed.x.n === 0n ? "no zero" : "no negative values"}): NaN`;
         else if (p.kind === "NaN" || p.kind === "infinity")
-          text = `overflow: ${p.kind === "NaN" ? "NaN" : "infinity"} (tick \u201csaturate\u201d to clamp)`;
+          text = `overflow: beyond the largest value, stored as ${p.kind === "NaN" ? "NaN" : "infinity"}${clamp}`;
         else {  // stored - typed, exactly: sig * 2**exp - n/d
           const sn = (p.negative ? -1n : 1n) * p.sig, xn = (typed.x.negative ? -1n : 1n) * typed.x.n;
           const [a, b] = p.exp >= 0 ? [sn << BigInt(p.exp), 1n] : [sn, 1n << BigInt(-p.exp)];
@@ -340,6 +345,7 @@
       } catch (error) {
         status.textContent = error.message;
         typed = null;
+        if (code >= 2 ** fmt.bits) code = 0;  // the last format's code, after a format change
       }
       render();
     }
