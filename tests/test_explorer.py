@@ -200,6 +200,10 @@ def test_encode_keeps_the_sign_of_zero_and_refuses_nan_without_a_code(page):
         formats.encode(math.nan, "fp4")
     with pytest.raises(browser.BrowserError, match=re.escape(str(raised.value))):
         page.evaluate("mpcourseFloat.encode('fp4', NaN)")
+    names = [name for f in FORMATS for name in (f.name, *f.aliases)]
+    spelled = [f" {name.upper()} " for name in names]  # get_format ignores case and spaces
+    assert page.evaluate(f"{json.dumps(spelled)}.map((n) => mpcourseFloat.decode(n, 1))") == [
+        formats.decode(1, formats.get_format(name)) for name in spelled]
     with pytest.raises(browser.BrowserError, match="unknown format 'fp7'"):
         page.evaluate("mpcourseFloat.encode('fp7', 1)")
     with pytest.raises(browser.BrowserError, match=r"codes are integers in \[0, 2\*\*16\)"):
