@@ -293,6 +293,27 @@ def test_the_keyboard_moves_between_bits_flips_them_and_steps_through_values(pag
 
 
 @needs_chromium
+@pytest.mark.parametrize("fmt", [formats.E2M1, formats.E4M3, formats.E5M2, formats.E8M0], ids=str)
+def test_next_up_and_next_down_walk_through_every_value_in_order(page, fmt):
+    assert page.open(page.url) is None
+    choose_format(page, fmt.name)
+    walks = {}
+    for start, button in ((fmt.values()[0], 1), (fmt.values()[-1], 0)):
+        type_value(page, repr(float(start)))
+        walks[button] = page.evaluate(f"""(() => {{
+          const root = document.querySelector('.mpcourse-explorer');
+          const step = root.querySelectorAll('.mpx-step')[{button}], seen = [root.dataset.value];
+          while (!step.disabled && seen.length < 1000) {{ step.click(); seen.push(root.dataset.value); }}
+          return seen;
+        }})()""")
+        walks[button] = [float(v) for v in walks[button]]
+    finite = fmt.values().tolist()
+    assert [v for v in walks[1] if math.isfinite(v)] == finite  # upwards from the lowest value
+    assert [v for v in walks[0] if math.isfinite(v)] == finite[::-1]
+    assert walks[1][-1] == (math.inf if fmt.has_infinity else finite[-1])
+
+
+@needs_chromium
 @pytest.mark.parametrize("fmt, text, saturate", [("fp16", "0.1", False), ("bf16", "-3.14159", False),
                                                  ("e4m3", "1000", True), ("e4m3", "1000", False),
                                                  ("e2m1", "2.5", False), ("e8m0", "0.3", False),
