@@ -885,8 +885,9 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
 def _fp16_loss_scale(rows, grad_values, param_grads):
     """(lo, hi) powers of two for FP16 loss scaling, or (None, reason); see :func:`preflight`."""
     fp16 = get_format("fp16")
+    # Overflow as round_to counts it (from 65520 on): 65504 <= |x| < 65520 still rounds to 65504.
     forward = [r["module"] for r in rows if r["tensor"] == "activation"
-               and not (r["max_abs"] < fp16.max_value)]
+               and not math.isfinite(round_to(r["max_abs"], fp16))]
     if forward:
         return None, (f"the activations of {', '.join(dict.fromkeys(forward))} already overflow "
                       f"FP16 in the forward pass, which no loss scale fixes")

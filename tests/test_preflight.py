@@ -46,6 +46,28 @@ def test_an_overflowing_layer_is_named_and_bf16_and_fp8_are_unaffected():
     assert report.loss_scale is None and "forward" in report.loss_scale_reason
 
 
+class Peak(nn.Module):
+    """Sets one output value to ``peak``: an activation at the edge of FP16's range."""
+
+    def __init__(self, peak):
+        super().__init__()
+        self.peak = peak
+
+    def forward(self, x):
+        out = x.clone()
+        out[0, 0] = self.peak
+        return out
+
+
+@pytest.mark.parametrize("peak", [65504.0, 65519.0])
+def test_an_activation_that_rounds_to_fp16s_largest_value_is_not_an_overflow(peak):
+    assert round_to(peak, FP16) == FP16.max_value  # below 65520, FP16 rounds it down to 65504
+    x, y = data()
+    report = preflight(mlp(Peak(peak)), x, F.cross_entropy, y)
+    assert report.verdicts["fp16"] != "overflow"
+    assert "forward" not in report.loss_scale_reason  # no "overflow in the forward pass"
+
+
 def test_an_underflowing_model_gets_a_loss_scale_range_that_works_in_fp16():
     model = mlp(nn.Linear(32, 32), nn.Tanh())
     x, y = data()
