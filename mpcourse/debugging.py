@@ -693,7 +693,8 @@ class PreflightReport:
                 for value, style in ((fmt.min_normal, "--"), (fmt.max_value, "-")):
                     ax.axvline(value, color=color, linestyle=style, linewidth=1,
                                label=f"{name.upper()} {'max' if style == '-' else 'min normal'}")
-        ax.set_yticks(list(y), [f"{r['module']}: {r['tensor']}" for r in self.rows], fontsize=7)
+        ax.set_yticks(list(y), [f"{r['module']}: {r['tensor']}" if r["parameter"] is None
+                                else f"{r['parameter']}: gradient" for r in self.rows], fontsize=7)
         ax.invert_yaxis()
         ax.set_xscale("log", base=2)
         ax.set_xlabel("magnitude (smallest non-zero to largest, log scale)")

@@ -162,7 +162,9 @@ def test_report_renders_as_markdown_and_a_figure():
     text = report.to_markdown()
     assert "| fp16 | overflow |" in text and "weight gradient (0.weight)" in text
     ax = report.plot()
-    assert len(ax.get_yticklabels()) == len(report.rows)
+    labels = [label.get_text() for label in ax.get_yticklabels()]
+    assert len(labels) == len(report.rows) and len(set(labels)) == len(labels)  # one per row
+    assert "0.weight: gradient" in labels and "0.bias: gradient" in labels
 
 
 @pytest.mark.parametrize("call, error, match", [
