@@ -631,3 +631,280 @@ def compare_layer_outputs(model: nn.Module, inputs,
             rows.append(LayerError(key, types[module], str(dtype).removeprefix("torch."),
                                    _relative_error(y, y32), int((~torch.isfinite(y)).sum())))
     return rows
+
+
+# --- before a long run: will this model train in FP16, BF16 or FP8? ---------------------------
+FP8_BITS = 8  # formats this narrow are used with a per-tensor scale, as FP8 training does
+
+
+@dataclass
+class PreflightReport:
+    """What :func:`preflight` found; see there for the meaning of each field."""
+
+    rows: list[dict]
+    verdicts: dict[str, str]
+    culprits: dict[str, list[str]]
+    loss_scale: tuple[float, float] | None
+    loss_scale_reason: str
+    formats: tuple[str, ...]
+
+    def to_markdown(self) -> str:
+        """The verdicts, the FP16 loss-scale range, and one table row per activation or gradient."""
+        lines = ["| format | verdict | modules responsible |", "|---|---|---|"]
+        for name, verdict in self.verdicts.items():
+            lines.append(f"| {name} | {verdict} | {', '.join(self.culprits[name]) or '-'} |")
+        if self.loss_scale is None:
+            lines += ["", f"FP16 loss scale: none works ({self.loss_scale_reason})."]
+        else:
+            lo, hi = self.loss_scale
+            lines += ["", f"FP16 loss scale: from 2^{int(math.log2(lo))} to 2^{int(math.log2(hi))} "
+                          f"({self.loss_scale_reason})."]
+        header = " | ".join(f"{n} overflow | {n} underflow" for n in self.formats)
+        lines += ["", f"| module | tensor | max abs | {header} |",
+                  "|---|---|---|" + "---|---|" * len(self.formats)]
+        for row in self.rows:
+            cells = " | ".join(f"{row[n]['overflow']:.2%} | {row[n]['underflow']:.2%}"
+                               for n in self.formats)
+            what = row["tensor"] if row["parameter"] is None else f"weight gradient ({row['parameter']})"
+            lines.append(f"| {row['module']} | {what} | {row['max_abs']:.3g} | {cells} |")
+        return "\n".join(lines)
+
+    def _repr_markdown_(self) -> str:
+        return self.to_markdown()
+
+    def plot(self, ax=None):
+        """Largest and smallest non-zero magnitude of every row, against each format's range."""
+        import matplotlib.pyplot as plt
+
+        from mpcourse.plotting import FORMAT_COLORS
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(9, 0.25 * len(self.rows) + 1.5))
+        y = range(len(self.rows))
+        for i, row in zip(y, self.rows):
+            if row["max_abs"] > 0:
+                ax.plot([row["min_nonzero_abs"], row["max_abs"]], [i, i], "-o", color="0.3",
+                        markersize=3, linewidth=1.5)
+        for name in self.formats:
+            fmt = get_format(name)
+            if fmt.bits > FP8_BITS:  # scaled formats have no fixed range to draw
+                color = FORMAT_COLORS.get(fmt.name, "0.5")
+                ax.axvspan(fmt.min_subnormal, fmt.max_value, color=color, alpha=0.08)
+                for value, style in ((fmt.min_normal, "--"), (fmt.max_value, "-")):
+                    ax.axvline(value, color=color, linestyle=style, linewidth=1,
+                               label=f"{name.upper()} {'max' if style == '-' else 'min normal'}")
+        ax.set_yticks(list(y), [f"{r['module']}: {r['tensor']}" if r["parameter"] is None
+                                else f"{r['parameter']}: gradient" for r in self.rows], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("magnitude (smallest non-zero to largest, log scale)")
+        ax.legend(fontsize=7, loc="lower right")
+        ax.grid(alpha=0.3, axis="x")
+        return ax
+
+
+def _to_fp32(value):
+    """Floating tensors (also inside tuples, lists and dicts) as float32; the rest unchanged."""
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_fp32(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_fp32(v) for k, v in value.items()}
+    return value
+
+
+def _format_shares(tensor: torch.Tensor, fmt) -> dict[str, float]:
+    """Shares of ``tensor`` that overflow (of all its values) and underflow (of the non-zero
+    ones) in ``fmt``, as :func:`tensor_stats` counts them; formats of 8 bits or fewer after a
+    per-tensor scale that maps the largest magnitude to the format's largest value."""
+    finite = tensor[torch.isfinite(tensor)]
+    amax = finite.abs().max().item() if finite.numel() else 0.0
+    if fmt.bits <= FP8_BITS and amax > 0:
+        tensor = tensor * (fmt.max_value / amax)
+    stats = tensor_stats(tensor, fmt)
+    nonzero = 1.0 - stats.zeros - stats.nonfinite / tensor.numel()
+    return {"overflow": stats.overflow + stats.nonfinite / tensor.numel(),
+            "underflow": stats.flushed / nonzero if nonzero > 0 else 0.0}
+
+
+def _rng_states():
+    import random
+
+    import numpy as np
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda, random.getstate(), np.random.get_state()
+
+
+def _restore_rng(states) -> None:
+    import random
+
+    import numpy as np
+
+    cpu, cuda, python, numpy_state = states
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+    random.setstate(python)
+    np.random.set_state(numpy_state)
+
+
+def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
+              formats=("fp16", "bf16", "e4m3")) -> PreflightReport:
+    """Before a long run: will ``model`` train with its activations and gradients in each format?
+
+    One FP32 forward and backward pass, ``loss = loss_fn(model(inputs), targets)`` (or
+    ``loss_fn(model(inputs))`` when ``targets`` is None), in the model's current mode (train or
+    eval), on a float32 copy of the model: the model itself is left exactly as it was (parameters,
+    ``.grad``, buffers, mode, hooks), and the global random-number state is restored afterwards.
+
+    Returns a :class:`PreflightReport` with
+
+    - ``rows``: for every submodule (named as in ``named_modules()``, the model itself left out)
+      a row with ``tensor="activation"`` (its output) and one with ``tensor="output gradient"``
+      (the gradient of the loss with respect to that output); for every parameter a row with
+      ``tensor="weight gradient"``, ``module`` its owner's name and ``parameter`` its full name
+      (``None`` in the other rows). Every row has ``max_abs``, ``min_nonzero_abs`` and, per
+      format name, ``{"overflow": f, "underflow": g}``: ``f`` the share of the elements that
+      overflow when cast to the format (round to inf, or beyond its largest value where it has
+      no inf; as :func:`tensor_stats` counts), ``g`` the share of the non-zero elements that
+      round to zero. Formats of 8 bits or fewer (E4M3, E5M2, ...) are measured after a
+      per-tensor scale ``fmt.max_value / amax``, as FP8 training does. A module called several
+      times contributes all its outputs; a tensor that receives no gradient counts as zeros.
+    - ``verdicts``: per format, ``"overflow"`` (some activation or gradient overflows at scale 1,
+      or is already inf/NaN in FP32), else ``"needs loss scaling"`` (more than 1% of the non-zero
+      gradient elements underflow; for the scaled 8-bit formats ``"needs finer scaling"``), else
+      ``"ok"``. The verdicts assume activations and gradients stored in the format with the
+      weights kept in FP32, and they judge *range*, not precision: a model that is "ok" in BF16
+      may still lose accuracy to BF16's 8 significant bits.
+    - ``culprits``: per format, the modules responsible for its verdict (empty when "ok").
+    - ``loss_scale``: for FP16, ``(lo, hi)``, powers of two, such that every scale in the range
+      keeps the largest gradient at least 2x below FP16's largest value and lifts the median
+      non-zero parameter-gradient magnitude to at least FP16's smallest normal; None where no
+      scale does both, with the reason in ``loss_scale_reason``.
+
+    Raises ``TypeError`` for a model that is not an ``nn.Module`` or a ``loss_fn`` that is not
+    callable, and ``ValueError`` for a model without parameters, an unknown or unsigned format,
+    no formats, or a loss that is not a single number.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"preflight takes an nn.Module, not {type(model).__name__}")
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+    if not any(True for _ in model.parameters()):
+        raise ValueError("preflight needs a model with parameters: there are no gradients to check")
+    if isinstance(formats, str) or not formats:
+        raise ValueError(f"formats must be a non-empty sequence of format names, got {formats!r}")
+    fmts = {fmt.name: fmt for fmt in map(_check_format, formats)}  # ValueError for unknown names
+
+    rng = _rng_states()
+    try:
+        copy_ = copy.deepcopy(model).float()
+        for p in copy_.parameters():
+            p.grad = None
+        activations, gradients = {}, {}
+
+        def keep(name):
+            def hook(module, args, output):
+                for _, tensor in _floating_tensors(output, "output"):
+                    activations.setdefault(name, []).append(tensor.detach().flatten())
+                    if tensor.requires_grad:
+                        tensor.register_hook(
+                            lambda g, t=tensor: gradients.setdefault(name, []).append(
+                                g.detach().flatten()))
+            return hook
+
+        names = [name for name, _ in copy_.named_modules() if name]
+        handles = [copy_.get_submodule(n).register_forward_hook(keep(n)) for n in names]
+        try:
+            output = copy_(_to_fp32(inputs))
+            loss = loss_fn(output) if targets is None else loss_fn(output, _to_fp32(targets))
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+                raise ValueError(f"loss_fn must return a single number (a one-element tensor), "
+                                 f"got {shape}: reduce it, e.g. with .mean()")
+            loss.backward()
+        finally:
+            for handle in handles:
+                handle.remove()
+    finally:
+        _restore_rng(rng)
+
+    def row(module, tensor_name, values, parameter=None):
+        values = values if values.numel() else torch.zeros(1)
+        finite = values[torch.isfinite(values)].abs()
+        nonzero = finite[finite > 0]
+        entry = {"module": module, "tensor": tensor_name, "parameter": parameter,
+                 "max_abs": finite.max().item() if finite.numel() else math.nan,
+                 "min_nonzero_abs": nonzero.min().item() if nonzero.numel() else 0.0}
+        for name, fmt in fmts.items():
+            entry[name] = _format_shares(values, fmt)
+        return entry, values
+
+    rows, grad_values, param_grads = [], [], []
+    for name in names:
+        seen = activations.get(name)
+        if not seen:
+            continue  # a module that did not run in this forward pass
+        rows.append(row(name, "activation", torch.cat(seen))[0])
+        grads = gradients.get(name) or [torch.zeros_like(t) for t in seen]
+        entry, values = row(name, "output gradient", torch.cat(grads))
+        rows.append(entry)
+        grad_values.append(values)
+    for full_name, param in copy_.named_parameters():
+        owner = full_name.rpartition(".")[0] or ROOT
+        grad = param.grad if param.grad is not None else torch.zeros_like(param)
+        entry, values = row(owner, "weight gradient", grad.detach().flatten(), full_name)
+        rows.append(entry)
+        grad_values.append(values)
+        param_grads.append(values)
+
+    verdicts, culprits = {}, {}
+    for name, fmt in fmts.items():
+        overflowing = [r["module"] for r in rows if r[name]["overflow"] > 0]
+        if overflowing:
+            verdicts[name], culprits[name] = "overflow", list(dict.fromkeys(overflowing))
+            continue
+        grad_rows = [r for r in rows if r["tensor"] != "activation"]
+        lost = kept = 0.0
+        for r, values in zip(grad_rows, grad_values):
+            nonzero = int((values != 0).sum())
+            lost += r[name]["underflow"] * nonzero
+            kept += nonzero
+        if kept and lost / kept > 0.01:
+            verdicts[name] = "needs finer scaling" if fmt.bits <= FP8_BITS else "needs loss scaling"
+            culprits[name] = list(dict.fromkeys(r["module"] for r in grad_rows
+                                                if r[name]["underflow"] > 0.01))
+        else:
+            verdicts[name], culprits[name] = "ok", []
+
+    loss_scale, reason = _fp16_loss_scale(rows, grad_values, param_grads)
+    return PreflightReport(rows, verdicts, culprits, loss_scale, reason, tuple(fmts))
+
+
+def _fp16_loss_scale(rows, grad_values, param_grads):
+    """(lo, hi) powers of two for FP16 loss scaling, or (None, reason); see :func:`preflight`."""
+    fp16 = get_format("fp16")
+    # Overflow as round_to counts it (from 65520 on): 65504 <= |x| < 65520 still rounds to 65504.
+    forward = [r["module"] for r in rows if r["tensor"] == "activation"
+               and not math.isfinite(round_to(r["max_abs"], fp16))]
+    if forward:
+        return None, (f"the activations of {', '.join(dict.fromkeys(forward))} already overflow "
+                      f"FP16 in the forward pass, which no loss scale fixes")
+    largest = max(v[torch.isfinite(v)].abs().max().item() if torch.isfinite(v).any() else math.inf
+                  for v in grad_values)
+    nonzero = torch.cat([v[v != 0].abs() for v in param_grads])
+    if not math.isfinite(largest):
+        return None, "a gradient is already inf or NaN in FP32"
+    if not nonzero.numel():
+        return None, "every parameter gradient is zero"
+    median = nonzero.median().item()
+    lo = 2.0 ** math.ceil(math.log2(fp16.min_normal / median))
+    hi = 2.0 ** math.floor(math.log2(fp16.max_value / 2 / largest)) if largest > 0 else math.inf
+    if lo > hi:
+        return None, (f"the largest gradient ({largest:.3g}) and the median parameter gradient "
+                      f"({median:.3g}) are too far apart: a scale that lifts the median to FP16's "
+                      f"smallest normal overflows the largest")
+    return (lo, hi), (f"lifts the median non-zero parameter gradient {median:.3g} to at least "
+                      f"2^-14 and keeps the largest gradient {largest:.3g} at least 2x below 65504")

@@ -1,0 +1,183 @@
+"""mpcourse.debugging.preflight: one FP32 forward and backward that says, per format, whether the
+activations and gradients fit (overflow / needs loss scaling / ok), which modules are to blame, and
+which FP16 loss scales work, on models it was not tuned on; the model and the RNG untouched."""
+import math
+
+import matplotlib
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mpcourse.debugging import PreflightReport, preflight
+from mpcourse.formats import FP16, round_to
+
+matplotlib.use("Agg")
+
+
+class Amplify(nn.Module):
+    """Multiplies by a constant: a stand-in for a layer whose activations grow too large."""
+
+    def __init__(self, factor):
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x):
+        return x * self.factor
+
+
+def mlp(*layers, seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), *layers, nn.Linear(32, 4))
+
+
+def data(n=64, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def test_an_overflowing_layer_is_named_and_bf16_and_fp8_are_unaffected():
+    model = mlp(Amplify(1e5), nn.Linear(32, 32))
+    x, y = data()
+    report = preflight(model, x, F.cross_entropy, y, formats=("fp16", "bf16", "e4m3"))
+    assert report.verdicts["fp16"] == "overflow"
+    assert "2" in report.culprits["fp16"]  # the Amplify module, named as in named_modules()
+    assert report.verdicts["bf16"] != "overflow" and report.verdicts["e4m3"] != "overflow"
+    assert report.loss_scale is None and "forward" in report.loss_scale_reason
+
+
+class Peak(nn.Module):
+    """Sets one output value to ``peak``: an activation at the edge of FP16's range."""
+
+    def __init__(self, peak):
+        super().__init__()
+        self.peak = peak
+
+    def forward(self, x):
+        out = x.clone()
+        out[0, 0] = self.peak
+        return out
+
+
+@pytest.mark.parametrize("peak", [65504.0, 65519.0])
+def test_an_activation_that_rounds_to_fp16s_largest_value_is_not_an_overflow(peak):
+    assert round_to(peak, FP16) == FP16.max_value  # below 65520, FP16 rounds it down to 65504
+    x, y = data()
+    report = preflight(mlp(Peak(peak)), x, F.cross_entropy, y)
+    assert report.verdicts["fp16"] != "overflow"
+    assert "forward" not in report.loss_scale_reason  # no "overflow in the forward pass"
+
+
+def test_an_underflowing_model_gets_a_loss_scale_range_that_works_in_fp16():
+    model = mlp(nn.Linear(32, 32), nn.Tanh())
+    x, y = data()
+    tiny = lambda out, target: F.cross_entropy(out, target) * 2.0**-20  # gradients far below FP16
+    report = preflight(model, x, tiny, y)
+    assert report.verdicts["fp16"] == "needs loss scaling" and report.culprits["fp16"]
+    assert report.verdicts["bf16"] == "ok" and report.culprits["bf16"] == []
+    lo, hi = report.loss_scale
+    assert lo <= hi and all(math.frexp(s)[0] == 0.5 for s in (lo, hi))  # powers of two
+    model.zero_grad()
+    tiny(model(x), y).backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    nonzero = grads[grads != 0].abs()
+    for scale in (lo, hi):  # the promise, checked on the real gradients
+        assert (nonzero * scale).median() >= FP16.min_normal
+        assert grads.abs().max() * scale <= FP16.max_value / 2
+    assert (round_to(grads * lo, FP16)[grads != 0] == 0).double().mean() < (
+        round_to(grads, FP16)[grads != 0] == 0).double().mean()
+    assert nonzero.median() * lo / 2 < FP16.min_normal  # lo is the smallest such power of two
+    assert grads.abs().max() * hi * 2 > FP16.max_value / 2  # hi the largest
+
+
+def test_a_healthy_model_is_ok_in_bf16():
+    model = mlp(nn.LayerNorm(32), nn.Linear(32, 32), nn.GELU())
+    x, y = data()
+    report = preflight(model, x, F.cross_entropy, y, formats=("bf16",))
+    assert report.verdicts == {"bf16": "ok"} and report.culprits == {"bf16": []}
+
+
+def test_rows_cover_every_submodule_and_parameter():
+    model = mlp(nn.Linear(32, 32))
+    x, y = data()
+    report = preflight(model, x, F.cross_entropy, y, formats=("fp16", "e5m2"))
+    modules = [name for name, _ in model.named_modules() if name]
+    assert [(r["module"], r["tensor"]) for r in report.rows if r["parameter"] is None] == [
+        (m, t) for m in modules for t in ("activation", "output gradient")]
+    weight_rows = [r for r in report.rows if r["tensor"] == "weight gradient"]
+    assert [r["parameter"] for r in weight_rows] == [n for n, _ in model.named_parameters()]
+    assert all(r["module"] == r["parameter"].rpartition(".")[0] for r in weight_rows)
+    for row in report.rows:
+        assert set(row["fp16"]) == set(row["e5m2"]) == {"overflow", "underflow"}
+        assert 0 <= row["fp16"]["underflow"] <= 1 and row["max_abs"] >= 0
+    relu = next(r for r in report.rows if r["module"] == "1" and r["tensor"] == "activation")
+    assert relu["max_abs"] == pytest.approx(torch.relu(model[0](x)).max().item())
+
+
+def test_fp8_is_measured_after_per_tensor_scaling():
+    """Tiny values underflow E4M3 at scale 1 but not after scaling by max / amax."""
+    model = nn.Sequential(nn.Linear(8, 8))
+    with torch.no_grad():
+        model[0].weight.fill_(1e-6)
+        model[0].bias.zero_()
+    x = torch.full((4, 8), 1e-3)
+    report = preflight(model, x, lambda out: out.sum(), formats=("e4m3",))
+    activation = next(r for r in report.rows if r["tensor"] == "activation")
+    assert round_to(torch.tensor(8e-9), "e4m3").item() == 0  # unscaled, it would all be lost
+    assert activation["e4m3"] == {"overflow": 0.0, "underflow": 0.0}
+
+
+def test_the_model_and_the_random_state_are_left_exactly_as_they_were():
+    model = mlp(nn.BatchNorm1d(32), nn.Dropout(0.5))
+    x, y = data()
+    F.cross_entropy(model(x), y).backward()  # existing gradients must survive
+    model.train()
+    handle = model[0].register_forward_hook(lambda *args: None)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    grads = [p.grad.clone() for p in model.parameters()]
+    hooks = {name: len(m._forward_hooks) + len(m._forward_pre_hooks) for name, m in model.named_modules()}
+    rng = torch.get_rng_state()
+    preflight(model, x, F.cross_entropy, y)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BatchNorm stats too
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+    assert hooks == {name: len(m._forward_hooks) + len(m._forward_pre_hooks) for name, m in model.named_modules()}
+    handle.remove()
+
+
+def test_a_half_precision_model_is_checked_in_fp32_and_left_in_half():
+    model = mlp(nn.Linear(32, 32)).half()
+    x, y = data()
+    report = preflight(model, x.half(), F.cross_entropy, y, formats=("fp16",))
+    assert next(model.parameters()).dtype == torch.float16
+    assert report.verdicts["fp16"] in ("ok", "needs loss scaling", "overflow")
+
+
+def test_report_renders_as_markdown_and_a_figure():
+    model = mlp(Amplify(1e5))
+    x, y = data()
+    report = preflight(model, x, F.cross_entropy, y)
+    assert isinstance(report, PreflightReport)
+    text = report.to_markdown()
+    assert "| fp16 | overflow |" in text and "weight gradient (0.weight)" in text
+    ax = report.plot()
+    labels = [label.get_text() for label in ax.get_yticklabels()]
+    assert len(labels) == len(report.rows) and len(set(labels)) == len(labels)  # one per row
+    assert "0.weight: gradient" in labels and "0.bias: gradient" in labels
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda m, x, y: preflight(m, x, lambda out, t: F.cross_entropy(out, t, reduction="none"), y),
+     ValueError, "single number"),
+    (lambda m, x, y: preflight(nn.ReLU(), x, F.cross_entropy, y), ValueError, "parameters"),
+    (lambda m, x, y: preflight(m, x, F.cross_entropy, y, formats=("fp17",)), ValueError, "unknown format"),
+    (lambda m, x, y: preflight(m, x, F.cross_entropy, y, formats=()), ValueError, "formats"),
+    (lambda m, x, y: preflight(m, x, F.cross_entropy, y, formats=("e8m0",)), ValueError, "sign"),
+    (lambda m, x, y: preflight(lambda t: t, x, F.cross_entropy, y), TypeError, "nn.Module"),
+    (lambda m, x, y: preflight(m, x, "cross_entropy", y), TypeError, "callable"),
+])
+def test_bad_input_is_a_clear_error(call, error, match):
+    x, y = data()
+    with pytest.raises(error, match=match):
+        call(mlp(), x, y)
