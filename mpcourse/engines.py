@@ -208,3 +208,141 @@ def ddp_hooks(world_size: int = 2, hooks=tuple(HOOKS), *, steps: int = 10,
 def _check_steps(steps) -> None:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a whole number >= 1, got {steps!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP2 and its MixedPrecisionPolicy
+
+def transformer(seed: int = 0):
+    """The course's ``TinyTransformer`` (64 wide, 2 blocks), its weights drawn from ``seed``."""
+    from mpcourse.workloads import TinyTransformer
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return TinyTransformer()
+
+
+def lm_rank_batch(rank: int, world_size: int, *, step: int = 0, seed: int = 0,
+                  global_batch: int = 16):
+    """Rank ``rank``'s slice of the global batch of ``global_batch`` addition-corpus windows of
+    ``step``: the same global batch whatever the world size (it must divide ``global_batch``)."""
+    from mpcourse.workloads import addition_corpus, encode_text, lm_batch
+
+    if global_batch % world_size:
+        raise ValueError(f"{world_size} ranks cannot share a global batch of {global_batch}")
+    tokens = encode_text(addition_corpus(400, seed=seed))
+    draw = torch.Generator().manual_seed(1009 * seed + step)
+    x, y = lm_batch(tokens, global_batch, 32, generator=draw)
+    share = global_batch // world_size
+    return x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+
+
+def lm_loss(model, x, y):
+    logits = model(x)
+    return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+
+def shard(model, policy=None, *, norm_policy=None, root_policy=None,
+          reshard_after_forward: bool = True):
+    """Apply FSDP2 to a ``TinyTransformer``: each block, then the root (which holds the
+    embeddings, the final norm and the head), all with ``policy``; with ``norm_policy``, every
+    LayerNorm first becomes a module of its own with that policy (``fully_shard`` on the inner
+    modules first, the root last, as FSDP2 requires); ``root_policy``, if given, replaces
+    ``policy`` for the root alone (an ``output_dtype`` belongs there: set on every block, it would
+    hand the next block's BF16 LayerNorm an FP32 input, which CPU LayerNorm refuses)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    policy = policy or MixedPrecisionPolicy()
+    if norm_policy is not None:
+        for norm in [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]:
+            fully_shard(norm, mesh=mesh, mp_policy=norm_policy,
+                        reshard_after_forward=reshard_after_forward)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    return fully_shard(model, mesh=mesh, mp_policy=root_policy or policy,
+                       reshard_after_forward=reshard_after_forward)
+
+
+def _reduce_scatter_spy(model, seen: list):
+    """Make every FSDP module of ``model`` record the dtype of each gradient reduce-scatter."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+    class Recorded(DefaultReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            seen.append(str(input_tensor.dtype))
+            return super().__call__(output_tensor, input_tensor, group, op, async_op)
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_custom_reduce_scatter(Recorded())
+
+
+def _watch(module, name: str, seen: dict, *, weight: bool = False):
+    """Record the dtypes a module receives and returns (and its weight's, during forward)."""
+    def hook(module, args, output):
+        seen.setdefault(f"{name} input", str(args[0].dtype))
+        seen.setdefault(f"{name} output", str(output.dtype))
+        if weight:
+            seen.setdefault(f"{name} weight", str(module.weight.dtype))
+    module.register_forward_hook(hook)
+
+
+def _policy_worker(rank, world_size, seed):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    x, y = lm_rank_batch(rank, world_size, seed=seed)
+    out = {}
+    # 1. What each field of the policy does, and a per-module policy for the norms.
+    configs = {
+        "BF16 params, FP32 reduce": dict(policy=MixedPrecisionPolicy(bf16, fp32)),
+        "BF16 params, FP32 reduce, FP32 output (root)": dict(
+            policy=MixedPrecisionPolicy(bf16, fp32),
+            root_policy=MixedPrecisionPolicy(bf16, fp32, output_dtype=fp32)),
+        "BF16 params, BF16 reduce": dict(policy=MixedPrecisionPolicy(bf16, bf16)),
+        "norms in FP32": dict(policy=MixedPrecisionPolicy(bf16, fp32),
+                              norm_policy=MixedPrecisionPolicy(fp32, fp32, output_dtype=bf16)),
+    }
+    for name, config in configs.items():
+        model, seen, reduced = transformer(seed), {}, []
+        shard(model, **config)
+        _reduce_scatter_spy(model, reduced)
+        block = model.blocks[0]
+        _watch(block, "block (residual stream)", seen)
+        _watch(block.mlp[0], "linear", seen, weight=True)
+        _watch(block.norm1, "LayerNorm", seen, weight=True)
+        _watch(model, "model", seen)
+        lm_loss(model, x, y).backward()
+        p = block.mlp[0].weight
+        seen["reduce-scatter"] = ", ".join(sorted(set(reduced)))
+        seen["sharded parameter"] = f"{p.to_local().dtype}, {tuple(p.to_local().shape)} of {tuple(p.shape)}"
+        seen["sharded gradient"] = f"{p.grad.to_local().dtype}, {tuple(p.grad.to_local().shape)}"
+        out[name] = seen
+    # 2. The reduction alone: FP32 compute, gradients reduce-scattered in FP32, BF16 or FP16,
+    #    against the exact mean of the ranks' own gradients.
+    plain = transformer(seed)
+    lm_loss(plain, x, y).backward()
+    exact = torch.cat([p.grad.flatten() for p in plain.parameters()]).double()
+    dist.all_reduce(exact)
+    exact /= world_size
+    errors = {}
+    for wire, dtype in (("fp32", fp32), ("bf16", bf16), ("fp16", torch.float16)):
+        model = transformer(seed)
+        shard(model, MixedPrecisionPolicy(reduce_dtype=dtype))
+        lm_loss(model, x, y).backward()
+        full = torch.cat([p.grad.full_tensor().flatten() for p in model.parameters()])
+        errors[wire] = relative_error(full, exact)
+    return (out, errors) if rank == 0 else None
+
+
+def fsdp_policies(world_size: int = 2, *, seed: int = 0):
+    """What ``MixedPrecisionPolicy`` does, measured on the tiny transformer (one launch).
+
+    Returns ``(dtypes, errors)``: for each policy, the dtypes seen in rank 0's forward and
+    backward (``dtypes[policy][what]``), and for each reduce dtype the relative error of the
+    reduced gradient against the exact mean of the ranks' FP32 gradients.
+    """
+    return run_workers(_policy_worker, world_size, seed, backend=BACKEND)[0]
