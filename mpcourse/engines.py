@@ -23,6 +23,7 @@ NCCL ranks, and the dtypes, bytes and rounding measured are the same.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +34,8 @@ from mpcourse.communication import (_gather_sums, digits_model, rank_batch, rela
                                     ring_traffic_bytes, run_workers)
 
 BACKEND = "gloo"  # every experiment here runs on CPU processes (see the module docstring)
+# FSDP2 warns that the root returns a view (F.linear reshapes); no in-place op follows here.
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,3 +349,186 @@ def fsdp_policies(world_size: int = 2, *, seed: int = 0):
     reduced gradient against the exact mean of the ranks' FP32 gradients.
     """
     return run_workers(_policy_worker, world_size, seed, backend=BACKEND)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory per parameter: DDP, ZeRO-1, ZeRO-2-like and ZeRO-3-like
+
+def local_bytes(tensors) -> int:
+    """Bytes of the tensors as this rank holds them: a DTensor counts its local shard only."""
+    from torch.distributed.tensor import DTensor
+
+    return sum((t.to_local() if isinstance(t, DTensor) else t).numel() * t.element_size()
+               for t in tensors)
+
+
+def rank_bytes(model, optimizer) -> dict[str, int]:
+    """Bytes this rank keeps between steps, by role (:func:`mpcourse.optim.training_state`),
+    counted from its own tensors; the optimizer state is split into the tensors shaped like the
+    parameters (Adam's two moments) and the per-tensor ``step`` counters.
+    ``ZeroRedundancyOptimizer`` keeps its rank's share in an inner optimizer, ``.optim``."""
+    from mpcourse.optim import training_state
+
+    state = training_state(model, getattr(optimizer, "optim", optimizer))
+    moments = [t for t in state.pop("optimizer state") if t.dim() > 0]
+    counters = [t for t in training_state(model, getattr(optimizer, "optim", optimizer))
+                ["optimizer state"] if t.dim() == 0]
+    bill = {role: local_bytes(tensors) for role, tensors in state.items()}
+    bill["Adam moments"], bill["step counters"] = local_bytes(moments), local_bytes(counters)
+    return bill
+
+
+ENGINES = ("DDP", "ZeRO-1", "ZeRO-2-like", "ZeRO-3-like", "BF16 weights + FP32 masters")
+
+
+def _memory_worker(rank, world_size, seed):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.distributed.tensor import DTensor
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from mpcourse.optim import MasterWeightOptimizer
+
+    x, y = lm_rank_batch(rank, world_size, seed=seed)
+    bills, held_after_forward = {}, {}
+    for engine in ENGINES:
+        model = transformer(seed)
+        if engine in ("DDP", "ZeRO-1"):
+            # gradient_as_bucket_view: the gradients are views into DDP's buckets, not a copy
+            model = DDP(model, gradient_as_bucket_view=True)
+            params = model.parameters()
+            optimizer = (torch.optim.AdamW(params) if engine == "DDP" else
+                         ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW))
+        elif engine.startswith("ZeRO"):
+            shard(model, MixedPrecisionPolicy(torch.bfloat16, torch.float32),
+                  reshard_after_forward=engine == "ZeRO-3-like")
+            optimizer = torch.optim.AdamW(model.parameters())
+        else:  # what each DDP rank holds in the classic mixed-precision layout, on one replica
+            model = model.to(torch.bfloat16)
+            optimizer = MasterWeightOptimizer(torch.optim.AdamW(model.parameters()))
+        for _ in range(2):
+            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = lm_loss(model, x, y)
+            # between forward and backward: the full (unsharded) parameters this rank holds
+            held_after_forward[engine] = local_bytes(
+                p for p in model.parameters() if not isinstance(p, DTensor))
+            loss.backward()
+            optimizer.step()
+        bills[engine] = rank_bytes(model, optimizer)
+    n_params = sum(p.numel() for p in transformer(seed).parameters())
+    n_tensors = len(list(transformer(seed).parameters()))
+    return bills, held_after_forward, n_params, n_tensors
+
+
+def memory_per_rank(world_size: int = 2, *, seed: int = 0):
+    """Bytes each rank holds under each engine of :data:`ENGINES`, counted from its real tensors
+    after two AdamW steps of the tiny transformer (one launch).
+
+    Returns ``(bills, held_after_forward, n_params, n_tensors)``: ``bills[rank][engine][role]``,
+    ``held_after_forward[rank][engine]`` (bytes of unsharded parameters between forward and
+    backward), the parameter count and the number of parameter tensors.
+    """
+    results = run_workers(_memory_worker, world_size, seed, backend=BACKEND)
+    return ([r[0] for r in results], [r[1] for r in results], results[0][2], results[0][3])
+
+
+# ---------------------------------------------------------------------------------------------
+# FP16 with a sharded gradient scaler, and sharded checkpoints (DCP)
+
+def _fp16_trainer(seed, init_scale):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    model = transformer(seed)
+    shard(model, MixedPrecisionPolicy(torch.float16, torch.float32))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    return model, optimizer, ShardedGradScaler("cpu", init_scale=init_scale)
+
+
+def _train(rank, world_size, model, optimizer, scaler, steps, first_step, seed):
+    """``steps`` FP16 steps; per step: the loss, the scale used, and whether this rank's shard
+    of the weights changed."""
+    log = []
+    for step in range(first_step, first_step + steps):
+        x, y = lm_rank_batch(rank, world_size, step=step, seed=seed)
+        before = [p.to_local().clone() for p in model.parameters()]
+        optimizer.zero_grad()
+        loss = lm_loss(model, x, y)
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        changed = any(not torch.equal(b, p.to_local()) for b, p in zip(before, model.parameters()))
+        log.append((loss.item(), scale, changed))
+    return log
+
+
+def _snapshot(model, optimizer, scaler) -> dict:
+    """The full training state, gathered (every rank must call it): weights, Adam moments and
+    the scaler's state."""
+    # clone(): on one rank, full_tensor() returns the local tensor itself, which training changes
+    full = {f"weight {n}": p.detach().full_tensor().clone() for n, p in model.named_parameters()}
+    for i, p in enumerate(model.parameters()):
+        for key, value in optimizer.state[p].items():
+            value = value.full_tensor() if hasattr(value, "full_tensor") else value
+            full[f"{key} {i}"] = value.clone()
+    full["scaler"] = scaler.state_dict()
+    return full
+
+
+def _checkpoint_worker(rank, world_size, path, mode, steps, init_scale, seed):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    # "load" starts from other weights (seed + 1): what it ends with came from the checkpoint.
+    model, optimizer, scaler = _fp16_trainer(seed if mode == "save" else seed + 1, init_scale)
+    out = {}
+    if mode == "save":
+        out["before"] = _train(rank, world_size, model, optimizer, scaler, steps, 0, seed)
+        model_state, optim_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optim": optim_state, "scaler": scaler.state_dict()},
+                 checkpoint_id=path)
+    else:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state, "scaler": scaler.state_dict()}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        scaler.load_state_dict(state["scaler"])
+    out["at checkpoint"] = _snapshot(model, optimizer, scaler)
+    out["after"] = _train(rank, world_size, model, optimizer, scaler, steps, steps, seed)
+    out["end"] = _snapshot(model, optimizer, scaler)
+    out["files"] = sorted(p.name for p in __import__("pathlib").Path(path).iterdir())
+    return out if rank == 0 else None
+
+
+def checkpoint_roundtrip(path, *, save_world_size: int = 2, load_world_sizes=(2, 1),
+                         steps: int = 4, init_scale: float = 2.0**21, seed: int = 0):
+    """Train the tiny transformer in FP16 under FSDP2 with ``ShardedGradScaler`` for ``steps``
+    steps on ``save_world_size`` ranks, save model, optimizer and scaler with DCP into ``path``
+    (an empty directory), train ``steps`` more; then for each of ``load_world_sizes``, start
+    other ranks from other weights, load the checkpoint and train the same ``steps`` steps.
+
+    Returns ``{"saved": run, n: run, ...}``, rank 0's view of each run: per-step logs
+    ``(loss, scale, weights changed)`` and gathered snapshots at the checkpoint and at the end.
+    The global batch is the same whatever the number of ranks.
+    """
+    import pathlib
+
+    path = pathlib.Path(path)
+    if not path.is_dir() or any(path.iterdir()):
+        raise ValueError(f"checkpoint_roundtrip needs an empty directory, got {str(path)!r}")
+    _check_steps(steps)
+    runs = {"saved": run_workers(_checkpoint_worker, save_world_size, str(path), "save", steps,
+                                 float(init_scale), seed, backend=BACKEND)[0]}
+    for n in load_world_sizes:
+        runs[n] = run_workers(_checkpoint_worker, n, str(path), "load", steps, float(init_scale),
+                              seed, backend=BACKEND)[0]
+    return runs
+
+
+def same_state(a: dict, b: dict) -> bool:
+    """Whether two snapshots hold the same keys and bit-identical tensors (and equal scalers)."""
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)
