@@ -36,6 +36,8 @@ from mpcourse.communication import (_gather_sums, digits_model, rank_batch, rela
 BACKEND = "gloo"  # every experiment here runs on CPU processes (see the module docstring)
 # FSDP2 warns that the root returns a view (F.linear reshapes); no in-place op follows here.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+# ShardedGradScaler's found-inf flag is a one-element tensor that DTensor replicates: harmless.
+warnings.filterwarnings("ignore", message="Found a non-scalar tensor with numel=1")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,7 +110,7 @@ def fp8_hook(state: HookState, bucket):
     Each rank has its own scale, so FP8 values of different ranks cannot be added as they are: the
     codes (1 byte each) and the scale (4 bytes) are all-gathered and summed in FP32 on every rank.
     An all-gather sends ``(N-1)`` messages per rank, so compared with an FP32 all-reduce
-    (``2 (N-1)/N`` messages of 4 bytes per value) it saves bytes only while ``N < 9``.
+    (``2 (N-1)/N`` messages of 4 bytes per value) it saves bytes only while ``N < 8``.
     """
     from mpcourse.fp8 import quantize
 
