@@ -1,0 +1,536 @@
+"""The engines: mixed precision inside DDP, FSDP2 and sharded checkpoints, on real processes.
+
+Chapter 11 all-reduces bare tensors. Training frameworks do it for you, inside an *engine*:
+
+- **DDP** (``DistributedDataParallel``) keeps a full replica of the model on every rank and
+  all-reduces the gradients in *buckets* (flat buffers of several gradients) during backward. A
+  *communication hook* ``hook(state, bucket) -> Future`` replaces that all-reduce: it may compress
+  the bucket first (:func:`bf16_hook`, :func:`fp8_hook`), as long as the future it returns holds
+  the averaged bucket, in the bucket's own dtype.
+- **FSDP2** (``torch.distributed.fsdp.fully_shard``) shards every parameter across the ranks.
+  Before a module's forward it all-gathers the full parameters, cast to ``param_dtype``; after
+  backward it reduce-scatters the gradients in ``reduce_dtype``, so each rank keeps the FP32
+  gradient of its own shard only, next to its FP32 shard of the weights and of the optimizer
+  state (ZeRO-3). ``output_dtype`` casts what a module returns.
+- **DCP** (``torch.distributed.checkpoint``) saves each rank's shards in parallel and loads them
+  back into any sharding, including another number of ranks.
+
+The workers import the functions they run by name (see
+:func:`mpcourse.communication.run_workers`), so the chapter's experiments live here, each one
+launch of processes. They run on CPU with gloo, even where GPUs exist: one GPU cannot host two
+NCCL ranks, and the dtypes, bytes and rounding measured are the same.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from mpcourse.communication import (_gather_sums, digits_model, rank_batch, relative_error,
+                                    ring_traffic_bytes, run_workers)
+
+BACKEND = "gloo"  # every experiment here runs on CPU processes (see the module docstring)
+# FSDP2 warns that the root returns a view (F.linear reshapes); no in-place op follows here.
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+# ShardedGradScaler's found-inf flag is a one-element tensor that DTensor replicates: harmless.
+warnings.filterwarnings("ignore", message="Found a non-scalar tensor with numel=1")
+
+
+# ---------------------------------------------------------------------------------------------
+# DDP communication hooks
+
+@dataclass
+class HookState:
+    """The ``state`` DDP hands to our hooks: what each call saw and sent, and the residuals of
+    error feedback.
+
+    ``bucket_dtypes``: the dtype of every bucket the hook received; ``wire_bytes``: the bytes this
+    rank sent over the links (ring all-reduce ``2 (N-1)/N * message``, ring all-gather
+    ``(N-1) * message``); ``residuals``: per bucket, what error feedback has not sent yet.
+    """
+
+    process_group: object = None
+    fmt: str = "e4m3"
+    feedback: bool = True
+    bucket_dtypes: list = field(default_factory=list)
+    wire_bytes: float = 0.0
+    residuals: dict = field(default_factory=dict)
+
+
+def _allreduce_in(state: HookState, buffer: torch.Tensor, wire: torch.dtype):
+    """Average ``buffer`` over the ranks, sent as ``wire``; a future holding it in its own dtype.
+
+    The division by N comes first, as in DDP's own hooks, so the sum cannot overflow FP16.
+    """
+    state.bucket_dtypes.append(buffer.dtype)
+    n = dist.get_world_size(state.process_group)
+    message = (buffer / n).to(wire)
+    state.wire_bytes += ring_traffic_bytes(message.numel() * message.element_size(), n)
+    future = dist.all_reduce(message, group=state.process_group, async_op=True).get_future()
+
+    def decompress(fut):
+        buffer.copy_(fut.value()[0])  # cast back into the bucket's dtype
+        return buffer
+
+    return future.then(decompress)
+
+
+def fp32_hook(state: HookState, bucket):
+    """DDP's default, recorded: the bucket all-reduced as it is (the gradients' dtype)."""
+    buffer = bucket.buffer()
+    return _allreduce_in(state, buffer, buffer.dtype)
+
+
+def fp16_hook(state: HookState, bucket):
+    """PyTorch's own ``fp16_compress_hook`` (it works on gloo), recorded."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+    buffer = bucket.buffer()
+    state.bucket_dtypes.append(buffer.dtype)
+    n = dist.get_world_size(state.process_group)
+    state.wire_bytes += ring_traffic_bytes(buffer.numel() * 2, n)
+    return fp16_compress_hook(state.process_group, bucket)
+
+
+def bf16_hook(state: HookState, bucket):
+    """The bucket sent in BF16. PyTorch's ``bf16_compress_hook`` insists on NCCL; this one runs
+    on any backend that all-reduces BF16 tensors, gloo included."""
+    return _allreduce_in(state, bucket.buffer(), torch.bfloat16)
+
+
+def fp8_hook(state: HookState, bucket):
+    """The bucket sent as FP8 (``state.fmt``, one scale per rank and bucket), with error feedback
+    when ``state.feedback``: each rank adds what it failed to send last time,
+    ``e_t = (g_t/N + e_{t-1}) - decompress(compress(g_t/N + e_{t-1}))``.
+
+    Each rank has its own scale, so FP8 values of different ranks cannot be added as they are: the
+    codes (1 byte each) and the scale (4 bytes) are all-gathered and summed in FP32 on every rank.
+    An all-gather sends ``(N-1)`` messages per rank, so compared with an FP32 all-reduce
+    (``2 (N-1)/N`` messages of 4 bytes per value) it saves bytes only while ``N < 8``.
+    """
+    from mpcourse.fp8 import quantize
+
+    buffer = bucket.buffer()
+    state.bucket_dtypes.append(buffer.dtype)
+    n = dist.get_world_size(state.process_group)
+    key = (bucket.index(), buffer.numel())
+    corrected = buffer.float() / n
+    if state.feedback and key in state.residuals:
+        corrected = corrected + state.residuals[key]
+    message = quantize(corrected, state.fmt)
+    if state.feedback:
+        state.residuals[key] = corrected - message.dequantize()
+    state.wire_bytes += (n - 1) * (message.data.numel() + 4)
+    buffer.copy_(_gather_sums([message], n)[0])
+    future = torch.futures.Future()
+    future.set_result(buffer)
+    return future
+
+
+HOOKS = {"fp32": fp32_hook, "fp16": fp16_hook, "bf16": bf16_hook,
+         "fp8": fp8_hook, "fp8 + feedback": fp8_hook}
+
+
+@dataclass(frozen=True)
+class HookResult:
+    """One DDP comm hook over ``steps`` backward passes with the weights held fixed:
+    ``bucket_dtypes`` it received; ``wire_bytes`` per step and rank; ``step_error`` the mean over
+    steps of the relative error of the averaged gradient against the exact (float64) mean of the
+    ranks' own gradients; ``accumulated_error`` that of the sum over all steps."""
+
+    hook: str
+    bucket_dtypes: tuple
+    wire_bytes: float
+    step_error: float
+    accumulated_error: float
+
+
+def _flat_grad(module) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in module.parameters()])
+
+
+def _ddp_worker(rank, world_size, hooks, steps, autocast_dtype, seed):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    # The reference: every rank's own gradient, and their exact mean.
+    plain, exact = digits_model(seed), []
+    for step in range(steps):
+        x, y = rank_batch(rank, step=step, seed=seed)
+        plain.zero_grad()
+        with torch.autocast("cpu", dtype=autocast_dtype):
+            loss = F.cross_entropy(plain(x), y)
+        loss.backward()
+        mean = _flat_grad(plain).double()
+        dist.all_reduce(mean)
+        exact.append(mean / world_size)
+
+    rows, refused = [], None
+    for name in hooks:
+        model = DDP(digits_model(seed))
+        state = HookState(feedback=name.endswith("feedback"))
+        model.register_comm_hook(state, HOOKS[name])
+        averaged = []
+        for step in range(steps):
+            x, y = rank_batch(rank, step=step, seed=seed)
+            model.zero_grad()
+            with torch.autocast("cpu", dtype=autocast_dtype):
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            averaged.append(_flat_grad(model).double())
+        step_error = sum(relative_error(a, e) for a, e in zip(averaged, exact)) / steps
+        rows.append(HookResult(name, tuple(sorted({str(d) for d in state.bucket_dtypes})),
+                               state.wire_bytes / steps, step_error,
+                               relative_error(sum(averaged), sum(exact))))
+    # PyTorch's own BF16 hook, asked to run on gloo.
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+    try:
+        DDP(digits_model(seed)).register_comm_hook(None, bf16_compress_hook)
+    except Exception as error:  # noqa: BLE001 - the message is the result
+        refused = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+    dist.barrier()
+    return rows, refused, sum(p.numel() for p in plain.parameters())
+
+
+def ddp_hooks(world_size: int = 2, hooks=tuple(HOOKS), *, steps: int = 10,
+              autocast_dtype=torch.bfloat16, seed: int = 0):
+    """Train-step the digits MLP under DDP and autocast with each comm hook (one launch).
+
+    Returns ``(rows, refused, n_params)``: a :class:`HookResult` per hook (rank 0's view), the
+    error PyTorch's ``bf16_compress_hook`` raised on gloo (None if it ran), and the parameter count.
+    """
+    unknown = [h for h in hooks if h not in HOOKS]
+    if unknown:
+        raise ValueError(f"unknown hooks {unknown}; choose from {list(HOOKS)}")
+    _check_steps(steps)
+    return run_workers(_ddp_worker, world_size, tuple(hooks), steps, autocast_dtype, seed,
+                       backend=BACKEND)[0]
+
+
+def _check_steps(steps) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a whole number >= 1, got {steps!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP2 and its MixedPrecisionPolicy
+
+def transformer(seed: int = 0):
+    """The course's ``TinyTransformer`` (64 wide, 2 blocks), its weights drawn from ``seed``."""
+    from mpcourse.workloads import TinyTransformer
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return TinyTransformer()
+
+
+def lm_rank_batch(rank: int, world_size: int, *, step: int = 0, seed: int = 0,
+                  global_batch: int = 16):
+    """Rank ``rank``'s slice of the global batch of ``global_batch`` addition-corpus windows of
+    ``step``: the same global batch whatever the world size (it must divide ``global_batch``)."""
+    from mpcourse.workloads import addition_corpus, encode_text, lm_batch
+
+    if global_batch % world_size:
+        raise ValueError(f"{world_size} ranks cannot share a global batch of {global_batch}")
+    tokens = encode_text(addition_corpus(400, seed=seed))
+    draw = torch.Generator().manual_seed(1009 * seed + step)
+    x, y = lm_batch(tokens, global_batch, 32, generator=draw)
+    share = global_batch // world_size
+    return x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+
+
+def lm_loss(model, x, y):
+    logits = model(x)
+    return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+
+def shard(model, policy=None, *, norm_policy=None, root_policy=None,
+          reshard_after_forward: bool = True):
+    """Apply FSDP2 to a ``TinyTransformer``: each block, then the root (which holds the
+    embeddings, the final norm and the head), all with ``policy``; with ``norm_policy``, every
+    LayerNorm first becomes a module of its own with that policy (``fully_shard`` on the inner
+    modules first, the root last, as FSDP2 requires); ``root_policy``, if given, replaces
+    ``policy`` for the root alone (an ``output_dtype`` belongs there: set on every block, it would
+    hand the next block's BF16 LayerNorm an FP32 input, which CPU LayerNorm refuses)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    policy = policy or MixedPrecisionPolicy()
+    if norm_policy is not None:
+        for norm in [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]:
+            fully_shard(norm, mesh=mesh, mp_policy=norm_policy,
+                        reshard_after_forward=reshard_after_forward)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    return fully_shard(model, mesh=mesh, mp_policy=root_policy or policy,
+                       reshard_after_forward=reshard_after_forward)
+
+
+def _reduce_scatter_spy(model, seen: list):
+    """Make every FSDP module of ``model`` record the dtype of each gradient reduce-scatter."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+    class Recorded(DefaultReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            seen.append(str(input_tensor.dtype))
+            return super().__call__(output_tensor, input_tensor, group, op, async_op)
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_custom_reduce_scatter(Recorded())
+
+
+def _watch(module, name: str, seen: dict, *, weight: bool = False):
+    """Record the dtypes a module receives and returns (and its weight's, during forward)."""
+    def hook(module, args, output):
+        seen.setdefault(f"{name} input", str(args[0].dtype))
+        seen.setdefault(f"{name} output", str(output.dtype))
+        if weight:
+            seen.setdefault(f"{name} weight", str(module.weight.dtype))
+    module.register_forward_hook(hook)
+
+
+def _policy_worker(rank, world_size, seed):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    x, y = lm_rank_batch(rank, world_size, seed=seed)
+    out = {}
+    # 1. What each field of the policy does, and a per-module policy for the norms.
+    configs = {
+        "BF16 params, FP32 reduce": dict(policy=MixedPrecisionPolicy(bf16, fp32)),
+        "BF16 params, FP32 reduce, FP32 output (root)": dict(
+            policy=MixedPrecisionPolicy(bf16, fp32),
+            root_policy=MixedPrecisionPolicy(bf16, fp32, output_dtype=fp32)),
+        "BF16 params, BF16 reduce": dict(policy=MixedPrecisionPolicy(bf16, bf16)),
+        "norms in FP32": dict(policy=MixedPrecisionPolicy(bf16, fp32),
+                              norm_policy=MixedPrecisionPolicy(fp32, fp32, output_dtype=bf16)),
+    }
+    for name, config in configs.items():
+        model, seen, reduced = transformer(seed), {}, []
+        shard(model, **config)
+        _reduce_scatter_spy(model, reduced)
+        block = model.blocks[0]
+        _watch(block, "block (residual stream)", seen)
+        _watch(block.mlp[0], "linear", seen, weight=True)
+        _watch(block.norm1, "LayerNorm", seen, weight=True)
+        _watch(model, "model", seen)
+        lm_loss(model, x, y).backward()
+        p = block.mlp[0].weight
+        seen["reduce-scatter"] = ", ".join(sorted(set(reduced)))
+        seen["sharded parameter"] = f"{p.to_local().dtype}, {tuple(p.to_local().shape)} of {tuple(p.shape)}"
+        seen["sharded gradient"] = f"{p.grad.to_local().dtype}, {tuple(p.grad.to_local().shape)}"
+        out[name] = seen
+    # 2. The reduction alone: FP32 compute, gradients reduce-scattered in FP32, BF16 or FP16,
+    #    against the exact mean of the ranks' own gradients.
+    plain = transformer(seed)
+    lm_loss(plain, x, y).backward()
+    exact = torch.cat([p.grad.flatten() for p in plain.parameters()]).double()
+    dist.all_reduce(exact)
+    exact /= world_size
+    errors = {}
+    for wire, dtype in (("fp32", fp32), ("bf16", bf16), ("fp16", torch.float16)):
+        model = transformer(seed)
+        shard(model, MixedPrecisionPolicy(reduce_dtype=dtype))
+        lm_loss(model, x, y).backward()
+        full = torch.cat([p.grad.full_tensor().flatten() for p in model.parameters()])
+        errors[wire] = relative_error(full, exact)
+    return (out, errors) if rank == 0 else None
+
+
+def fsdp_policies(world_size: int = 2, *, seed: int = 0):
+    """What ``MixedPrecisionPolicy`` does, measured on the tiny transformer (one launch).
+
+    Returns ``(dtypes, errors)``: for each policy, the dtypes seen in rank 0's forward and
+    backward (``dtypes[policy][what]``), and for each reduce dtype the relative error of the
+    reduced gradient against the exact mean of the ranks' FP32 gradients.
+    """
+    return run_workers(_policy_worker, world_size, seed, backend=BACKEND)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory per parameter: DDP, ZeRO-1, ZeRO-2-like and ZeRO-3-like
+
+def local_bytes(tensors) -> int:
+    """Bytes of the tensors as this rank holds them: a DTensor counts its local shard only."""
+    from torch.distributed.tensor import DTensor
+
+    return sum((t.to_local() if isinstance(t, DTensor) else t).numel() * t.element_size()
+               for t in tensors)
+
+
+def rank_bytes(model, optimizer) -> dict[str, int]:
+    """Bytes this rank keeps between steps, by role (:func:`mpcourse.optim.training_state`),
+    counted from its own tensors; the optimizer state is split into the tensors shaped like the
+    parameters (Adam's two moments) and the per-tensor ``step`` counters.
+    ``ZeroRedundancyOptimizer`` keeps its rank's share in an inner optimizer, ``.optim``."""
+    from mpcourse.optim import training_state
+
+    state = training_state(model, getattr(optimizer, "optim", optimizer))
+    moments = [t for t in state.pop("optimizer state") if t.dim() > 0]
+    counters = [t for t in training_state(model, getattr(optimizer, "optim", optimizer))
+                ["optimizer state"] if t.dim() == 0]
+    bill = {role: local_bytes(tensors) for role, tensors in state.items()}
+    bill["Adam moments"], bill["step counters"] = local_bytes(moments), local_bytes(counters)
+    return bill
+
+
+ENGINES = ("DDP", "ZeRO-1", "ZeRO-2-like", "ZeRO-3-like", "BF16 weights + FP32 masters")
+
+
+def _memory_worker(rank, world_size, seed):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.distributed.tensor import DTensor
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from mpcourse.optim import MasterWeightOptimizer
+
+    x, y = lm_rank_batch(rank, world_size, seed=seed)
+    bills, held_after_forward = {}, {}
+    for engine in ENGINES:
+        model = transformer(seed)
+        if engine in ("DDP", "ZeRO-1"):
+            # gradient_as_bucket_view: the gradients are views into DDP's buckets, not a copy
+            model = DDP(model, gradient_as_bucket_view=True)
+            params = model.parameters()
+            optimizer = (torch.optim.AdamW(params) if engine == "DDP" else
+                         ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW))
+        elif engine.startswith("ZeRO"):
+            shard(model, MixedPrecisionPolicy(torch.bfloat16, torch.float32),
+                  reshard_after_forward=engine == "ZeRO-3-like")
+            optimizer = torch.optim.AdamW(model.parameters())
+        else:  # what each DDP rank holds in the classic mixed-precision layout, on one replica
+            model = model.to(torch.bfloat16)
+            optimizer = MasterWeightOptimizer(torch.optim.AdamW(model.parameters()))
+        for _ in range(2):
+            optimizer.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = lm_loss(model, x, y)
+            # between forward and backward: the full (unsharded) parameters this rank holds
+            held_after_forward[engine] = local_bytes(
+                p for p in model.parameters() if not isinstance(p, DTensor))
+            loss.backward()
+            optimizer.step()
+        bills[engine] = rank_bytes(model, optimizer)
+    n_params = sum(p.numel() for p in transformer(seed).parameters())
+    n_tensors = len(list(transformer(seed).parameters()))
+    return bills, held_after_forward, n_params, n_tensors
+
+
+def memory_per_rank(world_size: int = 2, *, seed: int = 0):
+    """Bytes each rank holds under each engine of :data:`ENGINES`, counted from its real tensors
+    after two AdamW steps of the tiny transformer (one launch).
+
+    Returns ``(bills, held_after_forward, n_params, n_tensors)``: ``bills[rank][engine][role]``,
+    ``held_after_forward[rank][engine]`` (bytes of unsharded parameters between forward and
+    backward), the parameter count and the number of parameter tensors.
+    """
+    results = run_workers(_memory_worker, world_size, seed, backend=BACKEND)
+    return ([r[0] for r in results], [r[1] for r in results], results[0][2], results[0][3])
+
+
+# ---------------------------------------------------------------------------------------------
+# FP16 with a sharded gradient scaler, and sharded checkpoints (DCP)
+
+def _fp16_trainer(seed, init_scale):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    model = transformer(seed)
+    shard(model, MixedPrecisionPolicy(torch.float16, torch.float32))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    return model, optimizer, ShardedGradScaler("cpu", init_scale=init_scale)
+
+
+def _train(rank, world_size, model, optimizer, scaler, steps, first_step, seed):
+    """``steps`` FP16 steps; per step: the loss, the scale used, and whether this rank's shard
+    of the weights changed."""
+    log = []
+    for step in range(first_step, first_step + steps):
+        x, y = lm_rank_batch(rank, world_size, step=step, seed=seed)
+        before = [p.to_local().clone() for p in model.parameters()]
+        optimizer.zero_grad()
+        loss = lm_loss(model, x, y)
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        changed = any(not torch.equal(b, p.to_local()) for b, p in zip(before, model.parameters()))
+        log.append((loss.item(), scale, changed))
+    return log
+
+
+def _snapshot(model, optimizer, scaler) -> dict:
+    """The full training state, gathered (every rank must call it): weights, Adam moments and
+    the scaler's state."""
+    # clone(): on one rank, full_tensor() returns the local tensor itself, which training changes
+    full = {f"weight {n}": p.detach().full_tensor().clone() for n, p in model.named_parameters()}
+    for i, p in enumerate(model.parameters()):
+        for key, value in optimizer.state[p].items():
+            value = value.full_tensor() if hasattr(value, "full_tensor") else value
+            full[f"{key} {i}"] = value.clone()
+    full["scaler"] = scaler.state_dict()
+    return full
+
+
+def _checkpoint_worker(rank, world_size, path, mode, steps, init_scale, seed):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    # "load" starts from other weights (seed + 1): what it ends with came from the checkpoint.
+    model, optimizer, scaler = _fp16_trainer(seed if mode == "save" else seed + 1, init_scale)
+    out = {}
+    if mode == "save":
+        out["before"] = _train(rank, world_size, model, optimizer, scaler, steps, 0, seed)
+        model_state, optim_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optim": optim_state, "scaler": scaler.state_dict()},
+                 checkpoint_id=path)
+    else:
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state, "scaler": scaler.state_dict()}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        scaler.load_state_dict(state["scaler"])
+    out["at checkpoint"] = _snapshot(model, optimizer, scaler)
+    out["after"] = _train(rank, world_size, model, optimizer, scaler, steps, steps, seed)
+    out["end"] = _snapshot(model, optimizer, scaler)
+    out["files"] = sorted(p.name for p in __import__("pathlib").Path(path).iterdir())
+    return out if rank == 0 else None
+
+
+def checkpoint_roundtrip(path, *, save_world_size: int = 2, load_world_sizes=(2, 1),
+                         steps: int = 4, init_scale: float = 2.0**21, seed: int = 0):
+    """Train the tiny transformer in FP16 under FSDP2 with ``ShardedGradScaler`` for ``steps``
+    steps on ``save_world_size`` ranks, save model, optimizer and scaler with DCP into ``path``
+    (an empty directory), train ``steps`` more; then for each of ``load_world_sizes``, start
+    other ranks from other weights, load the checkpoint and train the same ``steps`` steps.
+
+    Returns ``{"saved": run, n: run, ...}``, rank 0's view of each run: per-step logs
+    ``(loss, scale, weights changed)`` and gathered snapshots at the checkpoint and at the end.
+    The global batch is the same whatever the number of ranks.
+    """
+    import pathlib
+
+    path = pathlib.Path(path)
+    if not path.is_dir() or any(path.iterdir()):
+        raise ValueError(f"checkpoint_roundtrip needs an empty directory, got {str(path)!r}")
+    _check_steps(steps)
+    runs = {"saved": run_workers(_checkpoint_worker, save_world_size, str(path), "save", steps,
+                                 float(init_scale), seed, backend=BACKEND)[0]}
+    for n in load_world_sizes:
+        runs[n] = run_workers(_checkpoint_worker, n, str(path), "load", steps, float(init_scale),
+                              seed, backend=BACKEND)[0]
+    return runs
+
+
+def same_state(a: dict, b: dict) -> bool:
+    """Whether two snapshots hold the same keys and bit-identical tensors (and equal scalers)."""
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)

@@ -1,0 +1,73 @@
+"""DDP comm hooks, FSDP2 mixed precision, memory per rank and DCP checkpoints, on 2 gloo processes."""
+import pytest
+import torch
+
+from mpcourse import engines
+
+
+@pytest.fixture(scope="module")
+def hooks():
+    return engines.ddp_hooks(2, steps=3)
+
+
+def test_ddp_buckets_hold_fp32_gradients_under_autocast(hooks):
+    rows, refused, _ = hooks
+    assert all(row.bucket_dtypes == ("torch.float32",) for row in rows)
+    assert refused is not None and "NCCL" in refused  # torch's own BF16 hook refuses gloo
+
+
+def test_ddp_compression_halves_bytes_and_costs_precision(hooks):
+    rows = {row.hook: row for row in hooks[0]}
+    assert rows["fp16"].wire_bytes == rows["bf16"].wire_bytes == rows["fp32"].wire_bytes / 2
+    assert rows["fp32"].step_error < rows["fp16"].step_error < rows["bf16"].step_error
+    assert rows["bf16"].step_error < 2 ** -7  # within a few BF16 roundings
+
+
+def test_unknown_hook_is_refused():
+    with pytest.raises(ValueError, match="unknown hooks"):
+        engines.ddp_hooks(2, hooks=("fp64",))
+
+
+def test_fsdp2_policy_dtypes_and_reduction_error():
+    dtypes, errors = engines.fsdp_policies(2)
+    plain = dtypes["BF16 params, FP32 reduce"]
+    assert plain["linear weight"] == plain["block (residual stream) output"] == "torch.bfloat16"
+    assert plain["reduce-scatter"] == "torch.float32"
+    assert plain["sharded parameter"].startswith("torch.float32")
+    assert dtypes["BF16 params, BF16 reduce"]["reduce-scatter"] == "torch.bfloat16"
+    assert dtypes["BF16 params, FP32 reduce, FP32 output (root)"]["model output"] == "torch.float32"
+    assert dtypes["norms in FP32"]["LayerNorm weight"] == "torch.float32"
+    assert errors["fp32"] < errors["fp16"] and errors["fp32"] < errors["bf16"]
+
+
+def test_memory_per_rank_matches_the_formulas():
+    bills, held, n_params, _ = engines.memory_per_rank(2)
+    core = ("weights", "gradients", "Adam moments")
+    for engine, per_param in (("DDP", 16), ("ZeRO-3-like", 16 / 2)):
+        totals = [sum(bill[engine][role] for role in core) for bill in bills]
+        assert sum(totals) == pytest.approx(per_param * 2 * n_params)
+    zero1 = [bill["ZeRO-1"]["Adam moments"] for bill in bills]
+    assert sum(zero1) == 8 * n_params and max(zero1) < 8 * n_params
+    mixed = bills[0]["BF16 weights + FP32 masters"]
+    assert mixed["weights"] + mixed["gradients"] + mixed["master weights"] + mixed["Adam moments"] \
+        == 18 * n_params
+    assert held[0]["ZeRO-2-like"] == 2 * n_params and held[0]["ZeRO-3-like"] < held[0]["ZeRO-2-like"]
+
+
+def test_dcp_roundtrip_is_bit_identical(tmp_path):
+    runs = engines.checkpoint_roundtrip(tmp_path, load_world_sizes=(2, 1))
+    saved = runs["saved"]
+    for n in (2, 1):
+        assert engines.same_state(saved["at checkpoint"], runs[n]["at checkpoint"])
+    assert engines.same_state(saved["end"], runs[2]["end"])
+    assert saved["after"] == runs[2]["after"]
+    skipped = [not changed for _, _, changed in saved["before"]]
+    scales = [scale for _, scale, _ in saved["before"]]
+    for i in range(len(scales) - 1):  # a skipped step halves the scale
+        assert scales[i + 1] == (scales[i] / 2 if skipped[i] else scales[i])
+
+
+def test_checkpoint_needs_an_empty_directory(tmp_path):
+    (tmp_path / "x").write_text("")
+    with pytest.raises(ValueError, match="empty directory"):
+        engines.checkpoint_roundtrip(tmp_path)
