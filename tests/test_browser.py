@@ -81,7 +81,9 @@ PAGE_CHECK = r"""
   // Raw LaTeX left in the text (code, which may hold any characters, excepted).
   const skip = 'pre, code, script, style, textarea, mjx-container, .highlight';
   const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
-  const raw = /\\\(|\\\[|\$\$|\\begin\{|\$[^$\n]*\\[A-Za-z]+[^$\n]*\$/;
+  // $...$ with a command, ^, _ or = inside: math that reached the page untypeset (a notebook's
+  // Markdown output is rendered as GitHub Markdown, which has no math).
+  const raw = /\\\(|\\\[|\$\$|\\begin\{|\$[^$\s][^$\n]*(\\[A-Za-z]+|[\^_=])[^$\n]*\$/;
   for (let node; (node = walker.nextNode());) {
     if (raw.test(node.textContent) && !node.parentElement.closest(skip))
       problems.push(`raw LaTeX in the text: ${node.textContent.trim().slice(0, 80)}`);
