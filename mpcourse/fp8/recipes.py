@@ -187,9 +187,13 @@ def hadamard_matrix(size: int, seed: int, device=None) -> torch.Tensor:
 
 
 def apply_hadamard(t: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """t (R, K) times block-diagonal H along K (K padded with zeros to a multiple of H), FP32."""
+    """t (R, K) times block-diagonal H along K (K padded with zeros to a multiple of H).
+
+    Computed in float64 and rounded once to float32, so that the result does not depend on the
+    order a BLAS library sums in (nor on the device).
+    """
     n = h.shape[0]
-    t = _pad(t.float(), (1, n))
+    t = _pad(t.double(), (1, n))
     R, K = t.shape
     with torch.autocast(t.device.type, enabled=False):
-        return (t.reshape(R, K // n, n) @ h).reshape(R, K)
+        return (t.reshape(R, K // n, n) @ h.double()).reshape(R, K).float()
