@@ -116,8 +116,9 @@ class _BlockLinearFunction(torch.autograd.Function):
 class Fp8Linear(nn.Linear):
     """A drop-in :class:`torch.nn.Linear` whose three matrix products run in FP8.
 
-    Same ``weight`` and ``bias`` parameters (FP32) and state dict as ``nn.Linear``; what changes
-    is ``forward`` and its gradient (see the module docstring). Trainable on a CPU: the FP8
+    Same ``weight`` and ``bias`` parameters (FP32) and state dict as ``nn.Linear`` (plus three
+    int64 buffers with NVFP4, see below); what changes is ``forward`` and its gradient (see the
+    module docstring). Trainable on a CPU: the FP8
     products run through :func:`~mpcourse.fp8.scaled_matmul` (``torch._scaled_mm`` where
     available, else the exact emulation). The amax histories are not part of the state dict.
 
