@@ -269,3 +269,20 @@ def test_mxfp8_agrees_with_torchao_emulated_mxfp8_linear():
                                               references, extras):
         # both within the bound of the same exact product: within twice the bound of each other
         assert_within_fp32_accumulation(a, b.double(), 2 * magnitude, k, 2 * extra)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("recipe", list(RECIPES)[1:])
+def test_block_recipes_run_on_cuda_as_on_cpu(recipe):
+    torch.manual_seed(0)
+    cpu = Fp8Linear(45, 70, recipe=recipe)
+    gpu = Fp8Linear(45, 70, recipe=recipe, device="cuda")
+    gpu.load_state_dict(cpu.state_dict())
+    x, dy = varied(35, 45, 1), varied(35, 70, 2)
+    on_cpu = run_layer(cpu, x, dy)
+    on_gpu = run_layer(gpu, x.cuda(), dy.cuda())
+    assert all(r.device.type == "cuda" and bool(torch.isfinite(r).all()) for r in on_gpu)
+    if recipe != "nvfp4":  # NVFP4's stochastic rounding draws from a CUDA generator there
+        for a, b, (_, magnitude, k) in zip(on_gpu, on_cpu, reference_products(cpu, x, dy)):
+            assert_within_fp32_accumulation(a.cpu(), b.double(), 2 * magnitude, k,
+                                            2 * cpu.bias.detach().abs().max())
