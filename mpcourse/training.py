@@ -43,7 +43,8 @@ import torch
 from torch import nn
 
 from mpcourse.formats import FP16
-from mpcourse.fp8 import BlockRecipe, DelayedScaling, Fp8Linear, Fp8Recipe, convert_to_fp8, get_recipe
+from mpcourse.fp8 import (BlockRecipe, DelayedScaling, Fp8Linear, Fp8Recipe, convert_to_fp8,
+                          get_recipe)
 from mpcourse.scaling import DynamicLossScaler
 
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")

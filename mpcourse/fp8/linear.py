@@ -160,7 +160,8 @@ class Fp8Linear(nn.Linear):
 
     def gradient_generator(self, device) -> torch.Generator:
         """The stochastic-rounding generator of this backward pass; advances ``sr_step``."""
-        generator = torch.Generator(device).manual_seed(int(self.sr_seed) * 2**32 + int(self.sr_step))
+        seed = int(self.sr_seed) * 2**32 + int(self.sr_step)
+        generator = torch.Generator(device).manual_seed(seed)
         self.sr_step += 1
         return generator
 
