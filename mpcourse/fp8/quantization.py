@@ -23,6 +23,7 @@ granularity   one scale per                         ``scale.shape`` for (M, K)  
 ``block``     128×128 tile (DeepSeek-V3 weights)    (M // 128, K // 128)           (128, 128)
 ``mx``        32 elements along ``axis``, 2**k      (M, K // 32)                   (1, 32)
 ``nvfp4``     16 elements along ``axis``            (M, K // 16)                   (1, 16)
+``nvfp4``     16×16 tile (NVFP4 training weights)   (M // 16, K // 16)             (16, 16)
 ============  ====================================  =============================  ===========
 
 Finer groups cost more scales but protect small values from one large neighbour: a group's

@@ -116,25 +116,6 @@ class BlockRecipe:
         return (self.quantize_rows(w, self.forward_format),
                 self.quantize_rows(w.t(), self.forward_format).t())
 
-    def describe(self) -> dict[str, str]:
-        """One line per operand copy: element format and scale, for tables and diagrams."""
-        scale = {"mx": "E8M0 scale", "nvfp4": "E4M3 scale × FP32 tensor scale",
-                 "block": "FP32 scale" + (" (power of 2)" if self.scale_rounding else "")}
-        n = self.block_size
-        fwd, bwd = get_format(self.forward_format).name, get_format(self.backward_format).name
-        tile = f"{n}×{n} tiles" if self.weight_tile else None
-        hadamard = f", after a {self.hadamard_size}×{self.hadamard_size} Hadamard" \
-            if self.hadamard_size else ""
-        sr = ", stochastic rounding" if self.stochastic else ""
-        return {
-            "x row-wise": f"{fwd}, 1×{n} blocks, {scale[self.granularity]}",
-            "W row-wise": f"{fwd}, {tile or f'1×{n} blocks'}, {scale[self.granularity]}",
-            "W column-wise": f"{fwd}, " + (f"the same {tile}" if tile else f"{n}×1 blocks"),
-            "dy row-wise": f"{bwd}, 1×{n} blocks{sr}",
-            "dy column-wise": f"{bwd}, {n}×1 blocks{sr}{hadamard}",
-            "x column-wise": f"{fwd}, {n}×1 blocks{hadamard}",
-        }
-
 
 #: MXFP8 (OCP Microscaling, NVIDIA's Blackwell recipe): E4M3 everywhere, 1×32 blocks, E8M0
 #: scales rounded up (``"ceil"``: no block maximum saturates), the same in all three products.
