@@ -43,7 +43,8 @@ import torch
 from torch import nn
 
 from mpcourse.formats import FP16
-from mpcourse.fp8 import DelayedScaling, Fp8Linear, Fp8Recipe, convert_to_fp8
+from mpcourse.fp8 import (BlockRecipe, DelayedScaling, Fp8Linear, Fp8Recipe, convert_to_fp8,
+                          get_recipe)
 from mpcourse.scaling import DynamicLossScaler
 
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
@@ -63,7 +64,9 @@ class TrainerConfig:
         tf32: on CUDA, let FP32 matmuls use TF32 tensor cores
             (``torch.set_float32_matmul_precision("high")``, a process-wide setting).
         init_scale, growth_interval: of the FP16 loss scaler (defaults: ``torch.amp.GradScaler``'s).
-        fp8_recipe: the :class:`~mpcourse.fp8.Fp8Recipe` for ``"fp8"`` (default: HYBRID, delayed).
+        fp8_recipe: the recipe for ``"fp8"``: an :class:`~mpcourse.fp8.Fp8Recipe`, a
+            :class:`~mpcourse.fp8.BlockRecipe` or a name, ``"hybrid"`` (the default, delayed),
+            ``"mxfp8"``, ``"nvfp4"`` or ``"blockwise"``.
     """
 
     precision: str = "fp32"
@@ -72,7 +75,7 @@ class TrainerConfig:
     tf32: bool = False
     init_scale: float = 2.0**16
     growth_interval: int = 2000
-    fp8_recipe: Fp8Recipe | None = None
+    fp8_recipe: Fp8Recipe | BlockRecipe | str | None = None
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -98,8 +101,7 @@ class TrainerConfig:
         if self.fp8_recipe is not None:
             if self.precision != "fp8":
                 raise ValueError(f"fp8_recipe is for precision 'fp8', not {self.precision!r}")
-            if not isinstance(self.fp8_recipe, Fp8Recipe):
-                raise TypeError(f"fp8_recipe must be an Fp8Recipe, not {type(self.fp8_recipe).__name__}")
+            get_recipe(self.fp8_recipe)  # an Fp8Recipe, a BlockRecipe or a name of RECIPES
 
 
 @dataclass(frozen=True)

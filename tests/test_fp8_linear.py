@@ -190,8 +190,10 @@ def test_drop_in_for_nn_linear():
 def test_bad_recipes_get_a_sentence(kwargs, match):
     with pytest.raises(ValueError, match=match):
         Fp8Recipe(**kwargs)
+    with pytest.raises(ValueError, match="choose one of hybrid, mxfp8, nvfp4, blockwise"):
+        Fp8Linear(4, 4, recipe="HYBRID")
     with pytest.raises(TypeError, match="Fp8Recipe"):
-        Fp8Linear(4, 4, recipe="hybrid")
+        Fp8Linear(4, 4, recipe=Fp8Recipe)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpcourse.formats import E2M1, E2M3, E3M2, E4M3, E5M2, E8M0, decode, encode
+from mpcourse.formats import E2M1, E2M3, E3M2, E4M3, E5M2, E8M0, decode, encode, round_to
 from mpcourse.fp8 import (CurrentScaling, DelayedScaling, QuantizedTensor, amax_to_scale,
                           mx_shared_exponent, quantize)
 
@@ -250,7 +250,9 @@ def test_nvfp4_two_level_scales():
     (torch.ones(4, 32), dict(block_size=32), ValueError, "block_size applies"),
     (torch.ones(4, 32), dict(granularity="channel", scale=2.0), ValueError, "scale="),
     (torch.ones(4, 32), dict(granularity="block", block_size=8, scale_rounding="ceil"), ValueError,
-     "applies to granularity=.mx. only"),
+     "'power_of_two' or None"),
+    (torch.ones(4, 32), dict(granularity="channel", scale_rounding="ceil"), ValueError,
+     "applies to granularity=.mx. and .block. only"),
     (torch.ones(4, 32), dict(granularity="mx", scale_rounding="up"), ValueError, "unknown MX scale"),
     (torch.ones(4, 32), dict(granularity="mx", fmt="fp16"), ValueError, "MX element formats"),
     (torch.ones(4, 32), dict(granularity="nvfp4", fmt="e4m3"), ValueError, "E2M1"),
@@ -314,3 +316,16 @@ def test_quantize_on_cuda_matches_cpu():
     scaling = DelayedScaling()
     scaling.quantize(x.cuda())
     assert scaling.scale.device.type == "cuda"
+
+
+@pytest.mark.parametrize("fmt", [E4M3, E5M2])
+def test_the_fast_cast_rounds_as_round_to(fmt):
+    """quantize casts E4M3/E5M2 with torch's own cast: the same values as round_to on every code,
+    every midpoint between neighbours (ties), one float32 ulp either side, and beyond the max."""
+    codes = torch.arange(256, dtype=torch.uint8).view({E4M3: torch.float8_e4m3fn, E5M2: torch.float8_e5m2}[fmt]).float()
+    grid = codes[torch.isfinite(codes)].unique()
+    mids = (grid[1:] + grid[:-1]) / 2
+    x = torch.cat([grid, mids, mids.nextafter(torch.tensor(math.inf)),
+                   mids.nextafter(torch.tensor(-math.inf)), torch.tensor([fmt.max_value * 1.1, -1e9])])
+    q = quantize(x, fmt, scale=1.0)
+    assert torch.equal(q.data.float(), round_to(x, fmt, saturate=True))

@@ -345,7 +345,8 @@ def test_select_precision_refuses_bad_descriptions():
     ({"precision": "bf16", "init_scale": 1024.0}, ValueError, "loss scaler"),
     ({"precision": "fp16", "init_scale": -1.0}, ValueError, "scale"),
     ({"precision": "fp16", "fp8_recipe": Fp8Recipe()}, ValueError, "fp8_recipe"),
-    ({"precision": "fp8", "fp8_recipe": "hybrid"}, TypeError, "Fp8Recipe"),
+    ({"precision": "fp8", "fp8_recipe": "mxfp9"}, ValueError, "hybrid, mxfp8, nvfp4, blockwise"),
+    ({"precision": "fp8", "fp8_recipe": 8}, TypeError, "Fp8Recipe"),
 ])
 def test_bad_configs_are_refused_with_a_sentence(options, error, match):
     with pytest.raises(error, match=match):

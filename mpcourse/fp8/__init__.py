@@ -32,6 +32,8 @@ The chain, one module per step:
   :class:`Fp8Recipe`.
 - :mod:`~mpcourse.fp8.matmul`: :func:`scaled_matmul` (``torch._scaled_mm`` or an exact emulation,
   FP32 or a narrow accumulator, DeepSeek-V3's promotion), :func:`accumulator_format`.
+- :mod:`~mpcourse.fp8.recipes`: :class:`BlockRecipe`, the block-scaled recipes (MXFP8, NVFP4,
+  DeepSeek-V3's blockwise) and the recipe names :data:`RECIPES`.
 - :mod:`~mpcourse.fp8.linear`: :class:`Fp8Linear` and :func:`convert_to_fp8`, trainable on CPU.
 
 Example::
@@ -46,10 +48,11 @@ from mpcourse.fp8.linear import Fp8Linear, convert_to_fp8
 from mpcourse.fp8.matmul import accumulator_format, native_fp8_support, scaled_matmul
 from mpcourse.fp8.microscaling import mx_shared_exponent, nvfp4_scales
 from mpcourse.fp8.quantization import GRANULARITIES, QuantizedTensor, amax_to_scale, quantize
+from mpcourse.fp8.recipes import RECIPES, BlockRecipe, get_recipe
 from mpcourse.fp8.scaling import CurrentScaling, DelayedScaling, Fp8Recipe
 
 __all__ = [
-    "CurrentScaling", "DelayedScaling", "Fp8Linear", "Fp8Recipe", "GRANULARITIES",
+    "BlockRecipe", "RECIPES", "get_recipe", "CurrentScaling", "DelayedScaling", "Fp8Linear", "Fp8Recipe", "GRANULARITIES",
     "QuantizedTensor", "accumulator_format", "amax_to_scale", "convert_to_fp8",
     "mx_shared_exponent", "native_fp8_support", "nvfp4_scales", "quantize", "scaled_matmul",
 ]

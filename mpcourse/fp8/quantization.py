@@ -23,6 +23,7 @@ granularity   one scale per                         ``scale.shape`` for (M, K)  
 ``block``     128×128 tile (DeepSeek-V3 weights)    (M // 128, K // 128)           (128, 128)
 ``mx``        32 elements along ``axis``, 2**k      (M, K // 32)                   (1, 32)
 ``nvfp4``     16 elements along ``axis``            (M, K // 16)                   (1, 16)
+``nvfp4``     16×16 tile (NVFP4 training weights)   (M // 16, K // 16)             (16, 16)
 ============  ====================================  =============================  ===========
 
 Finer groups cost more scales but protect small values from one large neighbour: a group's
@@ -148,7 +149,8 @@ def quantize(x: torch.Tensor, fmt=None, *, granularity: str = "tensor", axis: in
             channel (row); for activations (tokens, features), ``axis=0`` gives one per token.
             ``"block"``: ``block_size`` an int: runs of that many elements along ``axis``
             (1×128 for DeepSeek-V3 activations); a pair: 2-D tiles over the last two
-            dimensions ((128, 128) for DeepSeek-V3 weights).
+            dimensions ((128, 128) for DeepSeek-V3 weights). ``"nvfp4"`` takes a pair too
+            ((16, 16) tiles for weights, so that the transpose quantizes identically).
             ``"mx"``: OCP Microscaling v1.0: 32 elements along ``axis`` share a power-of-two
             scale stored as E8M0; elements E4M3/E5M2 (MXFP8), E3M2/E2M3 (MXFP6), E2M1 (MXFP4).
             ``"nvfp4"``: E2M1 elements, 16 along ``axis`` share an E4M3 scale, times one FP32
@@ -163,8 +165,10 @@ def quantize(x: torch.Tensor, fmt=None, *, granularity: str = "tensor", axis: in
         scale: ``"tensor"`` only: use this scale (a positive float or one-element tensor, e.g.
             from :class:`~mpcourse.fp8.DelayedScaling`) instead of ``fmt.max_value / amax``.
             Values it pushes beyond ``fmt.max_value`` saturate.
-        scale_rounding: ``"mx"`` only: ``"floor"`` (the default, the OCP spec) or ``"ceil"``
+        scale_rounding: ``"mx"``: ``"floor"`` (the default, the OCP spec) or ``"ceil"``
             (never saturates), see :func:`~mpcourse.fp8.microscaling.mx_shared_exponent`.
+            ``"block"``: ``"power_of_two"`` rounds each scale ``fmt.max_value / amax`` down to a
+            power of two (DeepSeek-V3's option: scaling is then exact; nothing saturates).
         rounding, generator: how the scaled values are rounded, as in
             :func:`~mpcourse.formats.round_to` (``"nearest_even"``, ``"toward_zero"``,
             ``"stochastic"``).
@@ -199,15 +203,22 @@ def quantize(x: torch.Tensor, fmt=None, *, granularity: str = "tensor", axis: in
         extra.update(scale_e4m3=block_scale.to(torch.float8_e4m3fn), tensor_scale=tensor_scale)
     elif scale is None:
         scale = amax_to_scale(amax, fmt)
+        if scale_rounding == "power_of_two":  # round down: 2**floor(log2(scale)), never saturates
+            scale = torch.ldexp(torch.ones_like(scale), torch.frexp(scale).exponent - 1)
     else:
         scale = _checked_scale(scale, x.device)
     if granularity == "tensor":
         scale, amax = scale.reshape(()), amax.reshape(())
 
     scaled = x * _broadcast_scale(scale, x.shape, group_shape)
-    data = round_to(scaled, fmt, rounding=rounding, saturate=True, generator=generator)
-    if fmt in TORCH_DTYPES:
-        data = data.to(TORCH_DTYPES[fmt])  # exact: data holds E4M3/E5M2 values already
+    if fmt in TORCH_DTYPES and rounding == "nearest_even":
+        # torch's own cast rounds the same way (to nearest, ties to even; checked against round_to
+        # in the tests), and fast: clamping first makes it saturate
+        data = scaled.clamp(-fmt.max_value, fmt.max_value).to(TORCH_DTYPES[fmt])
+    else:
+        data = round_to(scaled, fmt, rounding=rounding, saturate=True, generator=generator)
+        if fmt in TORCH_DTYPES:
+            data = data.to(TORCH_DTYPES[fmt])  # exact: data holds E4M3/E5M2 values already
     return QuantizedTensor(data, scale, fmt, granularity, group_shape, amax, **extra)
 
 
@@ -303,17 +314,21 @@ def _check_keywords(granularity: str, block_size, scale, scale_rounding) -> None
         if granularity in ("tensor", "channel"):
             raise ValueError(f"block_size applies to 'block', 'mx' and 'nvfp4', not {granularity!r}")
         sizes = block_size if isinstance(block_size, (tuple, list)) else (block_size,)
-        allowed = (1, 2) if granularity == "block" else (1,)
+        tiled = granularity in ("block", "nvfp4")
+        allowed = (1, 2) if tiled else (1,)
         if len(sizes) not in allowed or not all(
                 isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in sizes):
             raise ValueError(f"block_size for {granularity!r} is a positive int"
-                             + (" or a pair of them" if granularity == "block" else "")
+                             + (" or a pair of them" if tiled else "")
                              + f", not {block_size!r}")
     if scale is not None and granularity != "tensor":
         raise ValueError("scale= sets the one scale of granularity='tensor'; "
                          f"{granularity!r} computes a scale per group")
-    if scale_rounding is not None and granularity != "mx":
-        raise ValueError("scale_rounding applies to granularity='mx' only")
+    if scale_rounding is not None and granularity not in ("mx", "block"):
+        raise ValueError("scale_rounding applies to granularity='mx' and 'block' only")
+    if granularity == "block" and scale_rounding not in (None, "power_of_two"):
+        raise ValueError(f"scale_rounding for 'block' is 'power_of_two' or None, "
+                         f"not {scale_rounding!r}")
 
 
 def _checked_scale(scale, device) -> torch.Tensor:
