@@ -199,3 +199,15 @@ def test_emulated_product_ignores_autocast(low):
         inside = scaled_matmul(a, b, backend="emulate")
     assert inside.dtype == torch.float32
     assert torch.equal(inside, outside)
+
+
+def test_torch_backend_is_not_changed_by_an_enclosing_autocast_region():
+    """torch._scaled_mm has no autocast rule, but on a CPU it runs matmuls that autocast would
+    cast to BF16; scaled_matmul switches autocast off around it, as the emulation does."""
+    g = torch.Generator().manual_seed(0)
+    a = quantize(torch.randn(32, 64, generator=g), "e4m3")
+    b = quantize(torch.randn(64, 16, generator=g), "e4m3")
+    plain = scaled_matmul(a, b, backend="torch")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = scaled_matmul(a, b, backend="torch")
+    assert inside.dtype == torch.float32 and torch.equal(inside, plain)

@@ -188,7 +188,10 @@ def _torch_scaled_mm(a: QuantizedTensor, b: QuantizedTensor, out_dtype) -> torch
         scale_a = 1.0 / a.scale_per_element().expand(a.shape)[:, :1].contiguous()
         scale_b = 1.0 / b.scale_per_element().expand(b.shape)[:1, :].contiguous()
     try:
-        out = torch._scaled_mm(a_data, b_data, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+        # No autocast rule covers _scaled_mm, yet on a CPU it runs ordinary matmuls inside, which
+        # an enclosing autocast region would cast to 16 bits: the product is FP8 x FP8 -> FP32.
+        with torch.autocast(a.data.device.type, enabled=False):
+            out = torch._scaled_mm(a_data, b_data, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
     except RuntimeError as error:
         raise RuntimeError(f"torch._scaled_mm refused this product on {a.data.device} ({error}); "
                            "backend='emulate' computes it on any device") from error
