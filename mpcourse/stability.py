@@ -63,7 +63,8 @@ class StableAttention(CausalSelfAttention):
     """`CausalSelfAttention` with optional QK-norm and a record of its largest attention logit.
 
     With ``qk_norm=True`` the queries and keys of each head go through a LayerNorm before
-    ``q @ kᵀ / √d``, so their lengths, and with them the logits, cannot grow with the weights.
+    ``q @ kᵀ / √d``, so their lengths, and with them the logits, no longer grow with the projection
+    weights (only the norms' own gains can scale them).
     ``max_logit`` holds the largest ``|q·k|/√d`` of the last forward pass (a float).
     """
 
