@@ -1,0 +1,305 @@
+"""The tricks large-model runs use to stay stable in low precision, small enough to read.
+
+Each one answers a failure that the chapter *Keeping large models stable in low precision*
+measures on the tiny transformer:
+
+- `z_loss` and `soft_cap`: keep the output logits (and their normaliser log Z) small, where
+  BF16's absolute rounding error is small (PaLM; Gemma 2);
+- `StableAttention`: attention with optional QK-norm (a LayerNorm on queries and keys, per head),
+  built into the model from step 0 (ViT-22B, OLMo 2); it records the largest attention logit;
+- `rope_angles`: rotary-embedding angles ``position × frequency``, computed in a chosen dtype;
+- `router_top_k`: the experts a mixture-of-experts router picks, with the gate computed in a
+  chosen dtype;
+- `chunked_cross_entropy`: the loss of a large-vocabulary output layer in FP32 without ever
+  holding the FP32 logits of all tokens at once;
+- `SpikeDetector` and `AdamLowPrecisionStates`: flag a loss spike before the step is taken, and
+  an Adam whose moments are stored (emulated) in BF16 or 8-bit blocks.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mpcourse.formats import get_format, round_to
+from mpcourse.workloads import CausalSelfAttention, TinyTransformer
+
+__all__ = ["z_loss", "soft_cap", "StableAttention", "stable_tiny_transformer", "rope_angles",
+           "angle_error", "router_top_k", "chunked_cross_entropy", "saved_tensor_bytes",
+           "SpikeDetector", "AdamLowPrecisionStates"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Output logits.
+
+def z_loss(logits: torch.Tensor, weight: float = 1e-4) -> torch.Tensor:
+    """``weight · mean(log Z ²)``, where ``log Z = logsumexp(logits)`` over the last dimension.
+
+    Softmax ignores a constant added to every logit, so nothing in the cross-entropy stops the
+    logits from drifting together; this term pulls ``log Z`` towards 0 (PaLM uses weight 1e-4).
+    Computed in FP32 whatever the dtype of ``logits``.
+    """
+    if weight < 0:
+        raise ValueError(f"the z-loss weight must be >= 0, got {weight}")
+    return weight * logits.float().logsumexp(dim=-1).square().mean()
+
+
+def soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """``cap · tanh(logits / cap)``: about the identity for small logits, never beyond ±cap.
+
+    Gemma 2 caps its final logits at 30 and its attention logits at 50.
+    """
+    if not cap > 0:
+        raise ValueError(f"the soft cap must be positive, got {cap}")
+    return cap * torch.tanh(logits / cap)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention with QK-norm.
+
+class StableAttention(CausalSelfAttention):
+    """`CausalSelfAttention` with optional QK-norm and a record of its largest attention logit.
+
+    With ``qk_norm=True`` the queries and keys of each head go through a LayerNorm before
+    ``q @ kᵀ / √d``, so their lengths, and with them the logits, no longer grow with the projection
+    weights (only the norms' own gains can scale them).
+    ``max_logit`` holds the largest ``|q·k|/√d`` of the last forward pass (a float).
+    """
+
+    def __init__(self, dim: int, heads: int, *, qk_norm: bool = False):
+        super().__init__(dim, heads)
+        head_dim = dim // heads
+        self.q_norm = nn.LayerNorm(head_dim) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(head_dim) if qk_norm else nn.Identity()
+        self.max_logit = 0.0
+
+    def forward(self, x):
+        batch, length, dim = x.shape
+        q, k, v = self.qkv(x).split(dim, dim=2)
+        q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        q, k = self.q_norm(q), self.k_norm(k)
+        logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        future = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)
+        self.max_logit = logits.masked_fill(future, 0).abs().max().item()
+        weights = logits.masked_fill(future, float("-inf")).softmax(dim=-1)
+        mixed = (weights @ v).transpose(1, 2).reshape(batch, length, dim)
+        return self.out(mixed)
+
+
+def stable_tiny_transformer(*, qk_norm: bool = False, **kwargs) -> TinyTransformer:
+    """A `TinyTransformer` whose attention layers are `StableAttention` (QK-norm or not)."""
+    model = TinyTransformer(**kwargs)
+    for block in model.blocks:
+        block.attention = StableAttention(model.norm.normalized_shape[0],
+                                          block.attention.heads, qk_norm=qk_norm)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# Rotary position embeddings (RoPE).
+
+def rope_angles(positions: torch.Tensor, dim: int, *, base: float = 10000.0,
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The rotation angles ``θ[p, i] = p · base^(-2i/dim)`` of RoPE, computed in ``dtype``.
+
+    The positions and the frequencies are cast to ``dtype`` and multiplied there, as a model
+    that builds its angles in BF16 (or under autocast) does. Returns shape ``(len, dim // 2)``.
+    """
+    if dim <= 0 or dim % 2:
+        raise ValueError(f"RoPE needs a positive even dimension, got {dim}")
+    if positions.is_floating_point() or positions.dim() != 1:
+        raise ValueError("positions must be a 1-D tensor of integer positions")
+    frequencies = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    return positions.to(dtype)[:, None] * frequencies.to(positions.device, dtype)[None, :]
+
+
+def angle_error(angles: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """``|angles − reference|`` as rotations, wrapped into [0, π] (an error of 2π is none)."""
+    difference = (angles.double() - reference.double()).remainder(2 * math.pi)
+    return torch.minimum(difference, 2 * math.pi - difference)
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixture-of-experts routing.
+
+def router_top_k(hidden: torch.Tensor, gate: torch.Tensor, k: int, *,
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The ``k`` experts each token is sent to, with the gate logits computed in ``dtype``.
+
+    ``hidden``: (tokens, dim); ``gate``: (experts, dim). Returns (tokens, k) expert indices,
+    sorted, so two routings compare with ``==``.
+    """
+    if not 1 <= k <= gate.shape[0]:
+        raise ValueError(f"k must be between 1 and the number of experts ({gate.shape[0]}), got {k}")
+    logits = hidden.to(dtype) @ gate.to(dtype).T
+    return logits.float().topk(k, dim=-1).indices.sort(dim=-1).values
+
+
+# ---------------------------------------------------------------------------------------------
+# Large-vocabulary cross-entropy, one chunk of tokens at a time.
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """Loss and gradients together, chunk by chunk: the loss is the last node of the graph, so
+    its gradients can be computed in the forward pass and only they (not the logits) are kept."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, chunk_size):
+        tokens = hidden.shape[0]
+        weight32 = weight.float()
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device)
+        grad_weight = torch.zeros_like(weight32)
+        grad_bias = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
+        for start in range(0, tokens, chunk_size):
+            h, t = hidden[start:start + chunk_size].float(), targets[start:start + chunk_size]
+            logits = h @ weight32.T  # (chunk, vocab) in FP32: the only logits that ever exist
+            if bias is not None:
+                logits += bias.float()
+            log_p = logits.log_softmax(dim=-1)
+            total -= log_p.gather(1, t[:, None]).sum()
+            d_logits = log_p.exp_()  # softmax − one-hot is the gradient of −log p[target]
+            d_logits[torch.arange(len(t), device=t.device), t] -= 1
+            d_logits /= tokens
+            grad_hidden[start:start + chunk_size] = d_logits @ weight32
+            grad_weight += d_logits.T @ h
+            if bias is not None:
+                grad_bias += d_logits.sum(dim=0)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        return total / tokens
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grads = [None if g is None else (g * grad_loss).to(dtype)
+                 for g, dtype in zip(ctx.saved_tensors, ctx.dtypes)]
+        return (*grads, None, None)
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                          targets: torch.Tensor, *, chunk_size: int = 1024) -> torch.Tensor:
+    """``F.cross_entropy(hidden @ weightᵀ + bias, targets)`` in FP32, ``chunk_size`` tokens at a time.
+
+    ``hidden``: (tokens, dim), any float dtype; ``weight``: (vocab, dim); ``targets``: (tokens,).
+    At most ``chunk_size × vocab`` FP32 logits exist at once, and backward keeps the gradients of
+    ``hidden``, ``weight`` and ``bias`` instead of any logits. Returns the mean loss (FP32).
+    """
+    if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
+        raise ValueError(f"need hidden (tokens, dim) and targets (tokens,), got "
+                         f"{tuple(hidden.shape)} and {tuple(targets.shape)}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if len(targets) and not 0 <= int(targets.min()) <= int(targets.max()) < weight.shape[0]:
+        raise ValueError(f"targets must lie in [0, {weight.shape[0]}) (the vocabulary)")
+    return _ChunkedCrossEntropy.apply(hidden, weight, bias, targets, chunk_size)
+
+
+def saved_tensor_bytes(fn) -> tuple[object, int]:
+    """Run ``fn()`` and count the bytes autograd saves for backward in it (each storage once).
+
+    Returns ``(fn's result, bytes)``. What is saved stays in memory until ``backward()``.
+    """
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        result = fn()
+    return result, sum(storages.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss spikes and low-precision optimizer states.
+
+class SpikeDetector:
+    """Flags a loss far above the recent ones: ``loss > mean + threshold · std`` of the last
+    ``window`` unflagged losses (nothing is flagged before ``window`` losses are seen).
+
+    Call ``is_spike(loss)`` with each step's loss *before* ``optimizer.step()``: a flagged step
+    can then be skipped, or the run rewound to a checkpoint. Flagged losses do not enter the
+    window, so one spike does not raise the bar for the next.
+    """
+
+    def __init__(self, window: int = 20, threshold: float = 6.0):
+        if window < 2 or threshold <= 0:
+            raise ValueError(f"need window >= 2 and threshold > 0, got {window} and {threshold}")
+        self.window, self.threshold, self.recent = window, threshold, []
+
+    def is_spike(self, loss: float) -> bool:
+        if not math.isfinite(loss):
+            return True
+        if len(self.recent) == self.window:
+            mean = sum(self.recent) / self.window
+            std = math.sqrt(sum((x - mean) ** 2 for x in self.recent) / (self.window - 1))
+            if loss > mean + self.threshold * std:
+                return True
+            self.recent.pop(0)
+        self.recent.append(loss)
+        return False
+
+
+def _store(state: torch.Tensor, fmt: str, block: int, code: str = "e4m3") -> torch.Tensor:
+    """``state`` as it reads back after being stored in ``fmt`` (the storage is emulated)."""
+    if fmt == "fp32":
+        return state
+    if fmt == "bf16":
+        return state.to(torch.bfloat16).float()
+    # "8bit": one FP32 scale per block of `block` values maps the block's absmax to the largest
+    # value of `code`, an 8-bit float; each value is then rounded to it, keeping relative precision
+    # for small values down to the code's smallest subnormal (and flushing them to zero below)
+    flat = state.flatten()
+    padded = F.pad(flat, (0, -len(flat) % block)).view(-1, block)
+    scale = padded.abs().amax(dim=1, keepdim=True) / get_format(code).max_value
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (round_to(padded / scale, code, saturate=True) * scale).flatten()[:len(flat)].view_as(state)
+
+
+class AdamLowPrecisionStates(torch.optim.Optimizer):
+    """Adam (no weight decay) whose two moments are stored in ``state_format`` after every step.
+
+    ``"fp32"`` is plain Adam; ``"bf16"`` rounds ``m`` and ``v`` to BF16; ``"8bit"`` stores each as
+    8-bit floats with one FP32 scale per ``block`` values, ``m`` in E4M3 and ``v`` in E5M2 (a
+    nonlinear 8-bit code, like the dynamic quantisation of real 8-bit optimizers, but not theirs).
+    ``v`` holds squared gradients, whose range is the square of the gradients' range: hence E5M2,
+    the 8-bit float with the wider range, by default (``v_code`` chooses another). The arithmetic
+    is FP32, as in kernels that load the states, update them in registers and store them back:
+
+        m ← store(β₁·m + (1−β₁)·g),  v ← store(β₂·v + (1−β₂)·g²),
+        p ← p − lr · (m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + ε)
+    """
+
+    FORMATS = ("fp32", "bf16", "8bit")
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, *,
+                 state_format: str = "fp32", block: int = 64, v_code: str = "e5m2"):
+        if state_format not in self.FORMATS:
+            raise ValueError(f"state_format must be one of {self.FORMATS}, got {state_format!r}")
+        if lr <= 0 or not all(0 <= b < 1 for b in betas) or block < 1:
+            raise ValueError("need lr > 0, 0 <= betas < 1 and block >= 1")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
+        get_format(v_code)  # an unknown format name fails here, with the list of known ones
+        self.state_format, self.block, self.v_code = state_format, block, v_code
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state.update(step=0, m=torch.zeros_like(p, dtype=torch.float32),
+                                 v=torch.zeros_like(p, dtype=torch.float32))
+                state["step"] += 1
+                g = p.grad.float()
+                state["m"] = _store(beta1 * state["m"] + (1 - beta1) * g, self.state_format, self.block)
+                state["v"] = _store(beta2 * state["v"] + (1 - beta2) * g * g, self.state_format, self.block,
+                                    self.v_code)
+                m_hat = state["m"] / (1 - beta1 ** state["step"])
+                v_hat = state["v"] / (1 - beta2 ** state["step"])
+                p -= (group["lr"] * m_hat / (v_hat.sqrt() + group["eps"])).to(p.dtype)
