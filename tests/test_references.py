@@ -37,6 +37,15 @@ def test_bib_keys_are_unique():
     assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
 
 
+def test_every_bib_entry_closes_its_braces_before_the_next_one():
+    """A merge that drops one closing brace swallows the next entry without any error here."""
+    text = (BOOK / "references.bib").read_text()
+    entries = re.split(r"^(?=@\w+\{)", text, flags=re.M)[1:]
+    unbalanced = [entry.split(",", 1)[0] for entry in entries
+                  if entry.count("{") != entry.count("}")]
+    assert not unbalanced, unbalanced
+
+
 def test_every_entry_is_cited_and_every_citation_has_an_entry():
     cited = set(role_targets(r"cite(?::[pt])?"))
     keys = set(bib_keys())
