@@ -153,17 +153,22 @@ def _flat_grad(module) -> torch.Tensor:
     return torch.cat([p.grad.flatten() for p in module.parameters()])
 
 
+def _backward(model, rank, step, seed, autocast_dtype) -> None:
+    """One forward under autocast and one backward of this rank's batch for ``step``."""
+    x, y = rank_batch(rank, step=step, seed=seed)
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=autocast_dtype):
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+
+
 def _ddp_worker(rank, world_size, hooks, steps, autocast_dtype, seed):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     # The reference: every rank's own gradient, and their exact mean.
     plain, exact = digits_model(seed), []
     for step in range(steps):
-        x, y = rank_batch(rank, step=step, seed=seed)
-        plain.zero_grad()
-        with torch.autocast("cpu", dtype=autocast_dtype):
-            loss = F.cross_entropy(plain(x), y)
-        loss.backward()
+        _backward(plain, rank, step, seed, autocast_dtype)
         mean = _flat_grad(plain).double()
         dist.all_reduce(mean)
         exact.append(mean / world_size)
@@ -175,11 +180,7 @@ def _ddp_worker(rank, world_size, hooks, steps, autocast_dtype, seed):
         model.register_comm_hook(state, HOOKS[name])
         averaged = []
         for step in range(steps):
-            x, y = rank_batch(rank, step=step, seed=seed)
-            model.zero_grad()
-            with torch.autocast("cpu", dtype=autocast_dtype):
-                loss = F.cross_entropy(model(x), y)
-            loss.backward()
+            _backward(model, rank, step, seed, autocast_dtype)
             averaged.append(_flat_grad(model).double())
         step_error = sum(relative_error(a, e) for a, e in zip(averaged, exact)) / steps
         rows.append(HookResult(name, tuple(sorted({str(d) for d in state.bucket_dtypes})),
