@@ -197,7 +197,7 @@ def _check_exact_types(value, what: str, depth: int = 0) -> None:
     if depth > 3:
         return
     for base in _EXACT:
-        if isinstance(value, base) and type(value) is not base and (
+        if isinstance(value, base) and type(value) not in _EXACT and (
                 type(value).__module__.split(".")[0] not in ("numpy", "torch")):
             raise AssertionError(f"{what} returned a {type(value).__name__}, a subclass of "
                                  f"{base.__name__}: return a plain {base.__name__}")
