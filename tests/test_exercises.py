@@ -8,8 +8,7 @@ tests out of the student's process, one bubblewrap sandbox per student. The host
 issue 16 is graded in one run, with short timeouts, and only the submissions whose notebook run
 matters (feedback, output, kernel) are executed.
 """
-import os
-import re
+from html.parser import HTMLParser
 import json
 import sys
 from pathlib import Path
@@ -51,6 +50,46 @@ def graded_with_reports(tmp_path_factory):
 @pytest.fixture(scope="session")
 def graded(graded_with_reports):
     return graded_with_reports[:2]
+
+
+class TagCollector(HTMLParser):
+    """Every tag, its attributes and the text of each <script>, as a browser would see them."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags, self.scripts, self._in_script = [], [], False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, attrs))
+        self._in_script = tag == "script"
+
+    def handle_endtag(self, tag):
+        self._in_script = False
+
+    def handle_data(self, data):
+        if self._in_script:
+            self.scripts.append(data)
+
+
+def active_html(html: str, mark: str) -> list:
+    """What in `html` a browser would run or load from a student: a script holding `mark`, an
+    iframe, an on* handler, a javascript: address. Escaped text (&lt;script&gt;) is not HTML."""
+    parsed = TagCollector()
+    parsed.feed(html)
+    found = [s for s in parsed.scripts if mark in s]
+    for tag, attrs in parsed.tags:
+        found += [tag] if tag in ("iframe", "object", "embed") else []
+        found += [(tag, name) for name, value in attrs if name.startswith("on") or
+                  (value or "").strip().lower().startswith("javascript:")]
+    return found
+
+
+def test_the_feedback_check_sees_active_html_and_not_escaped_text():
+    mark = autograde.SCRIPT_MARK
+    assert active_html(f"<p><script>alert('{mark}')</script></p>", mark)
+    assert active_html('<img src=x onerror="alert(1)">', mark) and active_html("<iframe src=x></iframe>", mark)
+    assert active_html('<a href="javascript:alert(1)">x</a>', mark)
+    assert not active_html(f"<p>&lt;script&gt;alert('{mark}')&lt;/script&gt; &lt;img onerror=x&gt;</p>", mark)
 
 
 def points(assignment):
@@ -254,10 +293,7 @@ def test_the_feedback_runs_no_student_html_and_shows_no_hidden_test(graded):
     assert len(pages) == len(scores["hostile"])
     for page in pages:
         html = page.read_text()
-        scripts = re.findall(r"<script.*?</script>", html, flags=re.S | re.I)
-        assert not any(autograde.SCRIPT_MARK in script for script in scripts), page
-        inert = html.replace("javascript-blocked:", "")
-        assert not re.search(r"<iframe|onerror\s*=|javascript:", inert, re.I), page
+        assert not active_html(html, autograde.SCRIPT_MARK), page
         leaked = [line for line in secret if line in html]
         assert not leaked, f"{page}: {leaked[:2]}"
     xss = (workdir / "hostile" / "feedback" / "xss_feedback" / HOSTILE_TARGET / f"{HOSTILE_TARGET}.html").read_text()
