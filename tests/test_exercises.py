@@ -310,7 +310,7 @@ def test_hidden_tests_get_their_answer_cells_and_the_instructors_tests_only():
     source = json.loads((ROOT / "solutions" / HOSTILE_TARGET / f"{HOSTILE_TARGET}.ipynb").read_text())
     release = json.loads((ROOT / "exercises" / HOSTILE_TARGET / f"{HOSTILE_TARGET}.ipynb").read_text())
     for cell in release["cells"]:
-        if autograde.grade_id(cell) in points(HOSTILE_TARGET):
+        if grader.grade_id(cell) in points(HOSTILE_TARGET):
             cell["source"] = "grading.passed('Part 1')"  # a student's own "test"
     job = grader.hidden_test_job(source, release, "s3cret", 5)
     tests = {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"]) for c in source["cells"]

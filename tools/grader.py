@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ BIN = Path(sys.executable).parent
 PLACEHOLDER_SECRET = "public-placeholder"
 MEMORY_BYTES = 6 * 2**30          # address space per process
 FILE_BYTES = 200 * 2**20          # largest file a sandboxed process may write
+PARSING = threading.Lock()      # CPython 3.11's ast.parse is not safe in two threads at once
 IMAGE = re.compile(r"^[A-Za-z0-9+/=\s]*$")
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # nbgrader calls alembic
 
@@ -118,7 +120,8 @@ def defined_names(source: str) -> set[str]:
     """Top-level names a cell defines (nothing is executed: the source is only parsed)."""
     import ast
     try:
-        tree = ast.parse(without_magics(source))
+        with PARSING:
+            tree = ast.parse(without_magics(source))
     except SyntaxError:
         return set()
     names = set()
@@ -136,7 +139,9 @@ def defined_names(source: str) -> set[str]:
 def used_names(source: str) -> set[str]:
     import ast
     try:
-        return {n.id for n in ast.walk(ast.parse(without_magics(source))) if isinstance(n, ast.Name)}
+        with PARSING:
+            tree = ast.parse(without_magics(source))
+        return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     except SyntaxError:
         return set()
 
