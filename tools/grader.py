@@ -122,7 +122,7 @@ def defined_names(source: str) -> set[str]:
     try:
         with PARSING:
             tree = ast.parse(without_magics(source))
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # code that cannot be parsed
         return set()
     names = set()
     for node in tree.body:
@@ -142,7 +142,7 @@ def used_names(source: str) -> set[str]:
         with PARSING:
             tree = ast.parse(without_magics(source))
         return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # code that cannot be parsed
         return set()
 
 
