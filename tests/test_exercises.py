@@ -288,9 +288,11 @@ def test_the_feedback_runs_no_student_html_and_shows_no_hidden_test(graded):
     secret, public = set(), set()
     for cell in source_cells(HOSTILE_TARGET):
         shown, hidden = autograde.split_cell(cell)
-        secret |= {line.strip() for line in hidden if len(line.strip()) >= 12}
+        if cell.metadata.get("nbgrader", {}).get("grade"):  # hidden tests (solutions: the students' own code)
+            secret |= {line.strip() for line in hidden if len(line.strip()) >= 12}
         public |= {line.strip() for line in shown}
     secret -= public  # a hidden line may repeat one students are shown anyway
+    assert len(secret) > 20
     pages = sorted((workdir / "hostile" / "feedback").glob(f"*/{HOSTILE_TARGET}/*.html"))
     assert len(pages) == len(scores["hostile"])
     for page in pages:
