@@ -38,7 +38,9 @@ exercises: $(STAMP)
 	$(BIN)/python tools/autograde.py release
 
 # A whole grading session in grade-demo/: release, fabricated submissions (full, blank, partial,
-# reference-calling, hostile), autograde, feedback HTML and a grade CSV, then the score table.
+# reference-calling, the hostile corpus and honest accidents), graded by tools/grader.py with each
+# student in a bubblewrap sandbox (refuses without one), feedback HTML, a grade CSV, score tables.
+# A real course: `python tools/autograde.py grade ASSIGNMENT --course DIR` (instructor guide).
 grade-demo: $(STAMP)
 	$(BIN)/python tools/autograde.py demo --out grade-demo
 

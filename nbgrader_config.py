@@ -66,3 +66,9 @@ class BoundedOutputExecute(Execute):
 c.Autograde.autograde_preprocessors = [
     BoundedOutputExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
     AssignLatePenalties, CheckCellMetadata]
+
+# The instructor's secret from which tools/grader.py draws each student's hidden-test inputs
+# (mpcourse.grading.seed). This public file holds a placeholder, and the grader warns while it is
+# in use: keep your course directory private and set a long random secret of your own there
+# (see the instructor guide, "A public solutions/ folder").
+c.HiddenTests.secret = "public-placeholder"

@@ -22,10 +22,13 @@ Two guard rails keep the grade honest:
   ``torch.testing.assert_close``, ``isinstance``, this module's own, ...) are still the real ones,
   so a submission that replaces them with something that always agrees fails instead of passing.
 
-These run inside the student's Python process, as every nbgrader test does, so they stop
-accidents and casual tampering, not a determined attacker: see the instructor guide's section on
-running the grader in a sandbox.
+These run inside the student's Python process, so they stop accidents and casual tampering, not
+a determined attacker. No grade depends on them: the points come from the same test cells run by
+`tools/hidden_tests.py`, in a fresh interpreter inside a sandbox, on the student's answer cells
+alone (see the instructor guide). There `seed(n)` mixes the instructor's secret into the seeds of
+the hidden tests' random inputs; in a student's notebook it returns `n`.
 """
+import hashlib
 import builtins
 import contextlib
 import math
@@ -61,6 +64,16 @@ _GUARDED = {
 _ORIGINALS = {(owner, name): getattr(owner, name) for owner, names in _GUARDED.items()
               for name in names}
 _parts_passed: list[str] = []
+_forbidden: set[str] = set()   # names of torch functions the current part may not call
+_secret = ""                   # set by the hidden-test runner only
+
+
+def seed(n: int) -> int:
+    """The seed of a hidden test's random inputs: `n`, mixed with the instructor's secret when
+    the grader runs the hidden tests (so a student cannot special-case the inputs)."""
+    if not _secret:
+        return n
+    return int.from_bytes(hashlib.sha256(f"{_secret}:{n}".encode()).digest()[:4], "little") % 2**31
 
 
 class TamperingError(AssertionError):
@@ -106,9 +119,12 @@ def _check_untampered() -> None:
             + ", ".join(replaced) + ". Restart the kernel and remove the code that replaces them.")
 
 
-def start(part: str) -> None:
-    """Begin the tests of `part`: refuses to go on if a function the tests use was replaced."""
+def start(part: str, forbidden: tuple[str, ...] = ()) -> None:
+    """Begin the tests of `part`: refuses to go on if a function the tests use was replaced.
+    `forbidden`: names of torch functions (e.g. "softmax") the part's answer may not call."""
     _check_untampered()
+    _forbidden.clear()
+    _forbidden.update(forbidden)
     if part in _parts_passed:
         _parts_passed.remove(part)
 
@@ -131,7 +147,9 @@ def summary() -> None:
 
 @contextlib.contextmanager
 def _watch_calls_into(directory: Path, excluded: Path):
-    """Yield a list that fills with the mpcourse functions called inside the block."""
+    """Yield a list that fills with the mpcourse functions (and forbidden torch functions) called
+    inside the block. Two watchers (the profiler and the tracer) and sys.setprofile/settrace
+    replaced for the call: switching both off needs code written against this module."""
     calls: list[str] = []
 
     def profiler(frame, event, arg):
@@ -139,32 +157,75 @@ def _watch_calls_into(directory: Path, excluded: Path):
             filename = frame.f_code.co_filename
             if filename.startswith(str(directory)) and Path(filename).resolve() != excluded:
                 calls.append(f"{Path(filename).stem}.{frame.f_code.co_name}")
+            elif frame.f_code.co_name in _forbidden and filename.startswith(str(_TRUSTED_DIRS[1])):
+                calls.append(f"torch {frame.f_code.co_name}")
+        elif event == "c_call" and getattr(arg, "__name__", None) in _forbidden:
+            calls.append(f"torch.{arg.__name__}")
 
-    previous = sys.getprofile()
+    def tracer(frame, event, arg):
+        profiler(frame, event, arg)
+        return None  # no line events
+
+    def refuse(*args):
+        calls.append("(the grader's call watcher was switched off)")
+
+    saved = (sys.getprofile(), sys.gettrace(), sys.setprofile, sys.settrace)
     sys.setprofile(profiler)
+    sys.settrace(tracer)
     threading.setprofile(profiler)
+    sys.setprofile, sys.settrace = refuse, refuse
     try:
         yield calls
     finally:
-        still_ours = sys.getprofile() is profiler
-        sys.setprofile(previous)
+        sys.setprofile, sys.settrace = saved[2], saved[3]
+        still_ours = sys.getprofile() is profiler and sys.gettrace() is tracer
+        sys.setprofile(saved[0])
+        sys.settrace(saved[1])
         threading.setprofile(None)
         if not still_ours:
             calls.append("(the grader's call watcher was switched off)")
 
 
+# Types a result may have only exactly, or as NumPy's and torch's own subclasses (np.float64,
+# torch.Size, nn.Parameter): a subclass written in a notebook can redefine ==, <, float(), ...
+_EXACT = (bool, int, float, complex, str, bytes, tuple, list, dict, set, np.ndarray, np.generic,
+          torch.Tensor, torch.dtype, torch.device)
+
+
+def _check_exact_types(value, what: str, depth: int = 0) -> None:
+    """Refuse a result holding an instance of a subclass of a built-in, NumPy or torch type."""
+    if depth > 3:
+        return
+    for base in _EXACT:
+        if isinstance(value, base) and type(value) not in _EXACT and (
+                type(value).__module__.split(".")[0] not in ("numpy", "torch")):
+            raise AssertionError(f"{what} returned a {type(value).__name__}, a subclass of "
+                                 f"{base.__name__}: return a plain {base.__name__}")
+    items = (value.values() if type(value) is dict else value if type(value) in (tuple, list, set)
+             else vars(value).values() if hasattr(value, "__dict__") and not isinstance(
+                 value, (torch.nn.Module, type)) and not callable(value) else ())
+    for item in items:
+        _check_exact_types(item, what, depth + 1)
+
+
 def own_work(function, *args, **kwargs):
     """Call a student's `function(*args, **kwargs)` and return its result, failing if it used
-    `mpcourse`'s reference implementation: the exercise asks for one built from NumPy/torch."""
+    `mpcourse`'s reference implementation (the exercise asks for one built from NumPy/torch), a
+    torch function the part forbids (`start(part, forbidden=...)`), or returned a subclass of a
+    plain type (a float whose == is always true, say)."""
     if not callable(function):
         raise AssertionError(f"expected a function, got {type(function).__name__}")
     with _watch_calls_into(_PACKAGE_DIR, _THIS_FILE) as calls:
         result = function(*args, **kwargs)
+    name = getattr(function, "__name__", "your code")
     if calls:
         names = ", ".join(sorted(set(calls))[:5])
+        if any(call.startswith("torch") for call in calls):
+            raise AssertionError(f"{name} calls {names}, which this part asks you not to use.")
         raise AssertionError(
-            f"{getattr(function, '__name__', 'your code')} calls the course library ({names}). "
+            f"{name} calls the course library ({names}). "
             "This part asks you to implement it yourself from NumPy/torch operations.")
+    _check_exact_types(result, name)
     return result
 
 
@@ -200,4 +261,4 @@ def assert_close(actual, expected, *, rtol: float = 1e-6, atol: float = 0.0, wha
 # This module's own functions, as defined: a test cell also fails if one of them was replaced.
 _OWN_FUNCTIONS = {name: globals()[name] for name in
                   ["start", "passed", "summary", "own_work", "assert_close", "_check_untampered",
-                   "_is_genuine", "_is_original"]}
+                   "_is_genuine", "_is_original", "_check_exact_types", "_watch_calls_into", "seed"]}

@@ -3,8 +3,12 @@ solutions and leaks nothing, and autograding gives the marks an instructor expec
 kind of submission, including hostile ones, without hanging.
 
 Grading runs once per session (the `graded` fixture): each assignment in its own scratch course,
-two at a time, with fabricated submissions (tools/autograde.py says how they are made).
+with fabricated submissions (tools/autograde.py says how they are made), by tools/grader.py: hidden
+tests out of the student's process, one bubblewrap sandbox per student. The hostile corpus of
+issue 16 is graded in one run, with short timeouts, and only the submissions whose notebook run
+matters (feedback, output, kernel) are executed.
 """
+from html.parser import HTMLParser
 import json
 import sys
 from pathlib import Path
@@ -16,6 +20,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import autograde  # noqa: E402
+import grader  # noqa: E402
 import sync_colab_cells  # noqa: E402
 
 EXERCISES = ["ex1_precision_comparison", "ex2_loss_scaling", "ex3_dynamic_range",
@@ -24,16 +29,67 @@ ASSIGNMENTS = autograde.assignments()
 HOSTILE_TARGET = "ex4_softmax_stability" if "ex4_softmax_stability" in ASSIGNMENTS else ASSIGNMENTS[0]
 STANDARD = ["full", "blank", "partial", "reference"]
 HOSTILE = [*autograde.HOSTILE, *autograde.EDITS]
+NO_SANDBOX = grader.sandbox_problem()
+needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no sandbox here: {NO_SANDBOX}")
 
 
 @pytest.fixture(scope="session")
-def graded(tmp_path_factory):
-    """(scratch folder, {course name: {student: {test cell: score}}})."""
+def graded_with_reports(tmp_path_factory):
+    """(scratch folder, {course: scores}, {course: grader.Report}); feedback for the hostile course."""
+    if NO_SANDBOX:
+        pytest.skip(f"grading refuses to run without a sandbox: {NO_SANDBOX}")
     workdir = tmp_path_factory.mktemp("grading")
-    jobs = {name: (name, autograde.submissions(name), 30) for name in ASSIGNMENTS}
-    hostile = autograde.submissions(HOSTILE_TARGET, hostile=True)
-    jobs["hostile"] = (HOSTILE_TARGET, {s: hostile[s] for s in HOSTILE}, 20)
-    return workdir, autograde.grade_many(workdir, jobs)
+    jobs = {name: (name, autograde.submissions(name), 30, {"full"}) for name in ASSIGNMENTS}
+    jobs["hostile"] = (HOSTILE_TARGET, {s: c for s, c in autograde.submissions(HOSTILE_TARGET, hostile=True).items()
+                                        if s not in ("full", "blank", "partial", "reference")}, 10, autograde.EXECUTED)
+    results = autograde.grade_many(workdir, jobs)
+    autograde.nbgrader(workdir / "hostile", "generate_feedback", HOSTILE_TARGET, "--force")
+    return workdir, {k: v[0] for k, v in results.items()}, {k: v[1] for k, v in results.items()}
+
+
+@pytest.fixture(scope="session")
+def graded(graded_with_reports):
+    return graded_with_reports[:2]
+
+
+class TagCollector(HTMLParser):
+    """Every tag, its attributes and the text of each <script>, as a browser would see them."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags, self.scripts, self._in_script = [], [], False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, attrs))
+        self._in_script = tag == "script"
+
+    def handle_endtag(self, tag):
+        self._in_script = False
+
+    def handle_data(self, data):
+        if self._in_script:
+            self.scripts.append(data)
+
+
+def active_html(html: str, mark: str) -> list:
+    """What in `html` a browser would run or load from a student: a script holding `mark`, an
+    iframe, an on* handler, a javascript: address. Escaped text (&lt;script&gt;) is not HTML."""
+    parsed = TagCollector()
+    parsed.feed(html)
+    found = [s for s in parsed.scripts if mark in s]
+    for tag, attrs in parsed.tags:
+        found += [tag] if tag in ("iframe", "object", "embed") else []
+        found += [(tag, name) for name, value in attrs if name.startswith("on") or
+                  (value or "").strip().lower().startswith("javascript:")]
+    return found
+
+
+def test_the_feedback_check_sees_active_html_and_not_escaped_text():
+    mark = autograde.SCRIPT_MARK
+    assert active_html(f"<p><script>alert('{mark}')</script></p>", mark)
+    assert active_html('<img src=x onerror="alert(1)">', mark) and active_html("<iframe src=x></iframe>", mark)
+    assert active_html('<a href="javascript:alert(1)">x</a>', mark)
+    assert not active_html(f"<p>&lt;script&gt;alert('{mark}')&lt;/script&gt; &lt;img onerror=x&gt;</p>", mark)
 
 
 def points(assignment):
@@ -157,16 +213,117 @@ def last_part_lost(assignment):
     return {gid: (0 if gid == test_cells[-1] else p) for gid, p in points(assignment).items()}
 
 
-@pytest.mark.parametrize("student", [s for s in HOSTILE if s != "os_exit"])
+@needs_sandbox
+@pytest.mark.parametrize("student", HOSTILE)
 def test_a_hostile_last_part_loses_that_part_only_and_the_grader_finishes(graded, student):
     _, scores = graded
     assert scores["hostile"][student] == last_part_lost(HOSTILE_TARGET)
 
 
-def test_a_submission_that_kills_its_kernel_scores_zero_and_the_grader_finishes(graded):
+@needs_sandbox
+def test_every_student_is_graded_and_a_dead_kernel_is_named(graded_with_reports):
+    _, _, reports = graded_with_reports
+    for report in reports.values():
+        assert report.not_graded == {}
+    assert "os_exit" in reports["hostile"].notes  # its notebook run died: named, feedback as submitted
+
+
+# --- issue 16: the hostile corpus, graded in the one run above ---------------------------------
+
+@needs_sandbox
+@pytest.mark.parametrize("student", autograde.FOOLS)
+def test_no_marks_without_working_code(graded_with_reports, student):
+    _, scores, reports = graded_with_reports
+    assert scores["hostile"][student] == {gid: 0 for gid in points(HOSTILE_TARGET)}
+    assert set(reports["hostile"].messages[student]) == set(points(HOSTILE_TARGET))
+
+
+@needs_sandbox
+@pytest.mark.parametrize("student", autograde.TARGETED)
+def test_a_targeted_attack_scores_nothing_on_the_parts_it_attacks(graded, student):
+    _, scores = graded
+    attacked = {autograde.part_of(gid) for gid in autograde.TARGETED[student]}
+    assert scores["hostile"][student] == {gid: (0 if autograde.part_of(gid) in attacked else p)
+                                          for gid, p in points(HOSTILE_TARGET).items()}
+
+
+def test_the_targeted_attacks_are_caught_for_the_reason_they_exist(graded_with_reports):
+    if NO_SANDBOX:
+        pytest.skip(NO_SANDBOX)
+    messages = graded_with_reports[2]["hostile"].messages
+    assert "switched off" in messages["watcher_switched_off"]["p3_tests"]
+    assert "torch.softmax" in messages["forbidden_softmax"]["p3_tests"]
+    assert "overflow_threshold" in messages["uses_the_tests_helper"]["p2_tests"]
+    assert "subclass of float" in messages["always_equal_float"]["p2_tests"]
+
+
+@needs_sandbox
+@pytest.mark.parametrize("student", autograde.ACCIDENTS)
+def test_an_honest_accident_costs_at_most_the_part_it_touches(graded, student):
+    _, scores = graded
+    lost = autograde.ACCIDENT_COSTS.get(student)
+    assert scores["hostile"][student] == {gid: (0 if autograde.part_of(gid) == lost else p)
+                                          for gid, p in points(HOSTILE_TARGET).items()}
+
+
+@needs_sandbox
+def test_a_submission_cannot_touch_other_work_or_outlive_its_sandbox(graded):
     workdir, scores = graded
-    assert sum(scores["hostile"]["os_exit"].values()) == 0
-    assert not (workdir / "hostile" / "autograded" / "os_exit" / HOSTILE_TARGET).exists()
+    assert scores["hostile"]["vandal"] == points(HOSTILE_TARGET)
+    course = workdir / "hostile"
+    for path in [course / "gradebook.db", *course.glob("submitted/*/*/*.ipynb")]:
+        assert not path.read_bytes().startswith(b"vandalised"), path
+    alive = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            alive += [cmdline] if autograde.VANDAL_MARK.encode() in cmdline.read_bytes() else []
+        except OSError:
+            pass
+    assert not alive, "a process the submission started outlived its sandbox"
+
+
+@needs_sandbox
+def test_the_feedback_runs_no_student_html_and_shows_no_hidden_test(graded):
+    workdir, scores = graded
+    secret, public = set(), set()
+    for cell in source_cells(HOSTILE_TARGET):
+        shown, hidden = autograde.split_cell(cell)
+        if cell.metadata.get("nbgrader", {}).get("grade"):  # hidden tests (solutions: the students' own code)
+            secret |= {line.strip() for line in hidden if len(line.strip()) >= 12}
+        public |= {line.strip() for line in shown}
+    secret -= public  # a hidden line may repeat one students are shown anyway
+    assert len(secret) > 20
+    pages = sorted((workdir / "hostile" / "feedback").glob(f"*/{HOSTILE_TARGET}/*.html"))
+    assert len(pages) == len(scores["hostile"])
+    for page in pages:
+        html = page.read_text()
+        assert not active_html(html, autograde.SCRIPT_MARK), page
+        leaked = [line for line in secret if line in html]
+        assert not leaked, f"{page}: {leaked[:2]}"
+    xss = (workdir / "hostile" / "feedback" / "xss_feedback" / HOSTILE_TARGET / f"{HOSTILE_TARGET}.html").read_text()
+    assert autograde.SCRIPT_MARK in xss  # shown as text, not run
+
+
+def test_grading_refuses_without_a_sandbox_unless_told(monkeypatch, tmp_path):
+    monkeypatch.setattr(grader, "sandbox_problem", lambda: "no bubblewrap on this machine")
+    with pytest.raises(grader.NoSandbox, match="no bubblewrap.*--no-sandbox"):
+        grader.grade(tmp_path, HOSTILE_TARGET)
+
+
+def test_hidden_tests_get_their_answer_cells_and_the_instructors_tests_only():
+    source = json.loads((ROOT / "solutions" / HOSTILE_TARGET / f"{HOSTILE_TARGET}.ipynb").read_text())
+    release = json.loads((ROOT / "exercises" / HOSTILE_TARGET / f"{HOSTILE_TARGET}.ipynb").read_text())
+    for cell in release["cells"]:
+        if grader.grade_id(cell) in points(HOSTILE_TARGET):
+            cell["source"] = "grading.passed('Part 1')"  # a student's own "test"
+    job = grader.hidden_test_job(source, release, "s3cret", 5)
+    tests = {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"]) for c in source["cells"]
+             if c["metadata"].get("nbgrader", {}).get("grade_id") in points(HOSTILE_TARGET)}
+    assert [part["test_id"] for part in job["parts"]] == list(points(HOSTILE_TARGET))
+    for part in job["parts"]:
+        assert part["test"] == tests[part["test_id"]]
+        assert all(autograde.part_of(cell) <= autograde.part_of(part["test_id"]) for cell, _ in part["cells"])
+    assert job["secret"] == "s3cret"
 
 
 def test_gigantic_output_is_cut_in_the_graded_notebook(graded):

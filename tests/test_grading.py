@@ -116,3 +116,52 @@ def test_a_wrapper_written_in_a_notebook_is_tampering(monkeypatch):
     monkeypatch.setattr(np, "allclose", always_true)
     with pytest.raises(grading.TamperingError, match="allclose"):
         grading.start("Part 1")
+
+
+def test_own_work_sees_a_watcher_switched_off_and_restored():
+    def sneaky(x):
+        saved = sys.getprofile()
+        sys.setprofile(None)
+        try:
+            return stable_softmax(x)
+        finally:
+            sys.setprofile(saved)
+
+    with pytest.raises(AssertionError, match="switched off"):
+        grading.own_work(sneaky, torch.randn(2, 3))
+
+
+@pytest.mark.parametrize("call", [lambda x: torch.softmax(x, 0), lambda x: x.softmax(0),
+                                  lambda x: torch.nn.functional.softmax(x, dim=0)])
+def test_a_part_can_forbid_a_torch_function(call):
+    grading.start("Part 9", forbidden=("softmax",))
+    try:
+        with pytest.raises(AssertionError, match="softmax.*asks you not to use"):
+            grading.own_work(call, torch.randn(3))
+    finally:
+        grading.start("Part 9")
+    grading.own_work(call, torch.randn(3))  # allowed where the part forbids nothing
+
+
+def test_own_work_refuses_subclasses_of_plain_types_and_accepts_numpys_and_torchs():
+    class AlwaysEqual(float):
+        def __eq__(self, other):
+            return True
+
+    class Scaler:
+        def __init__(self):
+            self.scale = AlwaysEqual(1.0)
+
+    for cheat in (lambda: AlwaysEqual(0.0), lambda: [1.0, AlwaysEqual(0.0)], Scaler):
+        with pytest.raises(AssertionError, match="subclass of float"):
+            grading.own_work(cheat)
+    grading.own_work(lambda: (True, np.float64(1.0), torch.zeros(2).shape, {"a": torch.nn.Parameter(torch.zeros(1))}))
+
+
+def test_seed_is_the_written_seed_in_a_notebook_and_secret_when_graded(monkeypatch):
+    assert grading.seed(11) == 11
+    monkeypatch.setattr(grading, "_secret", "instructor secret")
+    drawn = grading.seed(11)
+    assert drawn != 11 and drawn == grading.seed(11) and 0 <= drawn < 2**31
+    monkeypatch.setattr(grading, "_secret", "another secret")
+    assert grading.seed(11) != drawn

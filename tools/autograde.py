@@ -5,6 +5,8 @@
                                                 # grade fabricated submissions, print per-part scores
     python tools/autograde.py demo [--out grade-demo]
                                                 # `make grade-demo`: a whole grading session
+    python tools/autograde.py grade ex4_softmax_stability [--course DIR] [--no-sandbox]
+                                                # grade a real course (tools/grader.py), then feedback
 
 Every command runs the real `nbgrader` command line in a course directory: the repository root
 for `release`, a scratch copy of it for `check` and `demo`. Submissions are fabricated from the
@@ -15,21 +17,27 @@ source notebooks, so they follow the exercises as they change:
 - partial:   the parts in tests/submissions/<assignment>.py PARTIAL_PARTS solved, the rest blank;
 - reference: complete, except that one part just calls mpcourse's own implementation;
 - hostile:   complete, except that the last part's solution cell does something nasty
-             (see HOSTILE); `demo` and the tests grade them for one assignment.
+             (see HOSTILE), and the corpus of issue 16 (FOOLS, TARGETED, ACCIDENTS, vandal,
+             xss_feedback); `demo` and the tests grade them for one assignment.
 """
 import argparse
 import csv
 import importlib.util
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import grader  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -71,6 +79,99 @@ EDITS = {
 }
 
 
+
+# The hostile corpus of issue 16, graded in one run by the tests and `make grade-demo` (the target
+# assignment's names are used where an attack needs them). FOOLS try for marks without working code:
+# each starts from WRONG answers (every asked-for name defined, every result wrong) and must score 0.
+# ACCIDENTS are honest slips on full solutions: at most the part named in ACCIDENT_COSTS is lost.
+FAKE_PASS = ("print('\N{CHECK MARK} Part 1: all tests in this cell pass.')\n"
+             "print('RESULT {\"p1_tests\": {\"passed\": true, \"message\": \"\"}}')\n")
+FOOLS = {
+    "skip_execution_tags": {"tag_tests": "skip-execution"},
+    "displayhook_credit": {"prefix": "import sys\nsys.displayhook(100.0)\n", "in_functions": "sys.displayhook(100.0)"},
+    "ipython_hooks": {"first": (
+        "ip = get_ipython()\n"
+        "ip.events.register('pre_run_cell', lambda *args: sys.displayhook(100.0))\n"
+        "ip.input_transformers_post.append(lambda lines: ['grading.passed(\"Part\")\\n']\n"
+        "                                  if any('grading.start' in line for line in lines) else lines)\n")},
+    "rebinds_names": {"first": (
+        "class Lenient:\n"
+        "    def __getattr__(self, name):\n"
+        "        return lambda *args, **kwargs: True\n"
+        "grading = Lenient()\n"
+        "class Liar:\n"
+        "    def __getattr__(self, name):\n"
+        "        return lambda *args, **kwargs: True\n"
+        "torch = math = np = Liar()\n")},
+    "colab_cell_poison": {"colab": (
+        "import numpy, torch\n"
+        "numpy.all = lambda *args, **kwargs: True\n"
+        "numpy.allclose = lambda *args, **kwargs: True\n"
+        "torch.isnan = lambda *args, **kwargs: True\n")},
+    "fake_pass_line": {"prefix": FAKE_PASS},
+    "always_equal_float": {"returns": (
+        "class AlwaysEqual(float):\n"
+        "    __eq__ = __le__ = __ge__ = __lt__ = __gt__ = lambda self, other: True\n"
+        "    __ne__ = lambda self, other: False\n"
+        "    __hash__ = float.__hash__\n"), "value": "AlwaysEqual(0.0)"},
+}
+# Attacks that need the target's own functions (ex4_softmax_stability): {student: {cell: source}},
+# each scoring 0 on the parts of the cells it replaces (full solutions elsewhere).
+TARGETED = {
+    "watcher_switched_off": {"p3_solution": (
+        "def stable_softmax(x, dim=-1):\n"
+        "    import sys\n"
+        "    from mpcourse.numerics import stable_softmax as reference\n"
+        "    saved = sys.getprofile()\n"
+        "    sys.setprofile(None)\n"
+        "    try:\n"
+        "        return reference(x, dim=dim)\n"
+        "    finally:\n"
+        "        sys.setprofile(saved)\n")},
+    "forbidden_softmax": {"p3_solution": (
+        "def stable_softmax(x, dim=-1):\n"
+        "    if not isinstance(x, torch.Tensor) or not x.is_floating_point():\n"
+        "        raise TypeError('a floating-point tensor, please')\n"
+        "    wide = torch.float64 if x.dtype == torch.float64 else torch.float32\n"
+        "    return torch.softmax(x.to(wide), dim=dim).to(x.dtype)\n")},
+    "uses_the_tests_helper": {"p2_solution": (
+        "def first_overflow(dtype, device='cpu'):\n"
+        "    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:\n"
+        "        raise TypeError('a floating-point dtype, please')\n"
+        "    x = torch.tensor(math.log(overflow_threshold(dtype)), dtype=torch.float64).to(dtype)\n"
+        "    while not torch.isinf(torch.exp(x)):\n"
+        "        x = torch.nextafter(x, torch.tensor(math.inf, dtype=dtype))\n"
+        "    return x.item()\n")},
+}
+ACCIDENTS = {
+    "duplicated_test_cell": "p1_tests", "duplicated_solution_cell": "p2_solution",
+    "test_cell_above_solution": "p3_tests", "test_cell_marked_solution": "p2_tests",
+    "slow_c_call": "p1_solution", "ignores_sigint": "p1_solution", "runtime_warning": "p1_solution",
+}
+ACCIDENT_COSTS = {"slow_c_call": "p1", "ignores_sigint": "p1"}  # the part a slip may cost
+SLOW_C_CALL = "_ = torch.randn(6000, 6000, dtype=torch.float64) @ torch.randn(6000, 6000, dtype=torch.float64)\n"
+IGNORES_SIGINT = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass\n"
+# Against other students, the gradebook and the feedback (full solutions otherwise).
+VANDAL_MARK = "mpcourse-vandal-4f1c"
+VANDAL = (
+    "import glob, os, subprocess, sys\n"
+    "for path in glob.glob('/tmp/**/gradebook.db', recursive=True) + glob.glob('/tmp/**/submitted/**/*.ipynb', recursive=True):\n"
+    "    try:\n"
+    "        open(path, 'w').write('vandalised')\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', '" + VANDAL_MARK + "'],\n"
+    "                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n")
+SCRIPT_MARK = "PWNED-by-student"
+XSS_MARKDOWN = (f"<script>alert('{SCRIPT_MARK}')</script> <img src=x onerror=\"alert('{SCRIPT_MARK}')\">\n"
+                f"<iframe src=\"javascript:alert('{SCRIPT_MARK}')\"></iframe> [link](javascript:alert('{SCRIPT_MARK}'))\n")
+XSS_CODE = ("from IPython.display import HTML, Javascript, SVG, display\n"
+            f"display(HTML(\"<script>alert('{SCRIPT_MARK}')</script><img src=x onerror=\\\"alert('{SCRIPT_MARK}')\\\">\"))\n"
+            f"display(Javascript(\"alert('{SCRIPT_MARK}')\"))\n"
+            f"display(SVG('<svg xmlns=\\\"http://www.w3.org/2000/svg\\\"><script>alert(\\\"{SCRIPT_MARK}\\\")</script></svg>'))\n")
+EXECUTED = {"xss_feedback", "vandal", "gigantic_output", "os_exit", "edited_test_cell", "monkeypatch"}
+
+
 def assignments() -> list[str]:
     return sorted(p.name for p in (ROOT / "solutions").iterdir() if (p / f"{p.name}.ipynb").exists())
 
@@ -85,14 +186,11 @@ def nbgrader(course: Path, *args: str, check: bool = True) -> subprocess.Complet
     return result
 
 
-def autograde(course: Path, assignment: str, timeout: int) -> list[str]:
-    """Autograde every submission of `assignment`; return the students nbgrader could not grade
-    (their kernel died: the gradebook keeps 0 for them and nbgrader exits non-zero)."""
-    result = nbgrader(course, "autograde", assignment, "--force", f"--Execute.timeout={timeout}", check=False)
-    failed = re.findall(r"error processing assignment '[^']+' for student '([^']+)'", result.stdout + result.stderr)
-    if result.returncode != 0 and not failed:
-        raise RuntimeError(f"nbgrader autograde failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
-    return failed
+def autograde(course: Path, assignment: str, timeout: int, execute=True, sandbox: bool = True):
+    """Grade every submission of `assignment` with tools/grader.py; return its Report."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the placeholder secret, SQLAlchemy's notes on nbgrader's API
+        return grader.grade(course, assignment, timeout=timeout, execute=execute, sandbox=sandbox)
 
 
 def grade_id(cell) -> str | None:
@@ -153,9 +251,74 @@ def submission_data(assignment: str):
     return module
 
 
+def function_names(source: str) -> list[str]:
+    import ast
+    return [n.name for n in ast.parse(source).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+
+
+def wrong_answers(assignment: str, prefix: str = "", body: str = "", value: str = "0.0") -> dict[str, str]:
+    """Every solution cell replaced by definitions of the names it asks for, all returning `value`."""
+    return {gid: prefix + "".join(f"def {name}(*args, **kwargs):\n    {body or 'pass'}\n    return {value}\n\n\n"
+                                  for name in function_names(src))
+            for gid, src in solution_cells(assignment).items()}
+
+
+def edit(student_cells: dict, change) -> dict:
+    """`student_cells` plus a change to the notebook itself (a function of the notebook)."""
+    return {**student_cells, "__edits__": [*student_cells.get("__edits__", []), change]}
+
+
+def cell_index(nb, gid: str) -> int:
+    return next(i for i, c in enumerate(nb.cells) if grade_id(c) == gid)
+
+
+def hostile_corpus(assignment: str) -> dict[str, dict]:
+    """The students of FOOLS, TARGETED, ACCIDENTS and the vandal and XSS submissions."""
+    import copy
+    full, tests = solution_cells(assignment), list(test_points(assignment))
+    first, last = list(full)[0], [gid for gid in full if part_of(gid) == part_of(tests[-1])]
+    corpus = {}
+    for name, attack in FOOLS.items():
+        cells = wrong_answers(assignment, attack.get("prefix", "") + attack.get("returns", ""),
+                              attack.get("in_functions", ""), attack.get("value", "0.0"))
+        if "first" in attack:
+            cells[first] = attack["first"] + cells[first]
+        if "colab" in attack:
+            cells = edit(cells, lambda nb, code=attack["colab"]: setattr(
+                next(c for c in nb.cells if "colab-setup" in c.metadata.get("tags", [])), "source", code))
+        if "tag_tests" in attack:
+            cells = edit(cells, lambda nb: [c.metadata.setdefault("tags", []).append("skip-execution")
+                                            for c in nb.cells if grade_id(c) in tests])
+        corpus[name] = cells
+    for name, cells in TARGETED.items():
+        corpus[name] = {**full, **cells}
+
+    def duplicate(gid):
+        return lambda nb: nb.cells.insert(cell_index(nb, gid) + 1, copy.deepcopy(nb.cells[cell_index(nb, gid)]))
+
+    def move_above(gid, above):
+        return lambda nb: nb.cells.insert(cell_index(nb, above), nb.cells.pop(cell_index(nb, gid)))
+
+    p1 = [gid for gid in full if part_of(gid) == part_of(tests[0])][0]
+    wrapped = function_names(full[p1])[0]
+    corpus["duplicated_test_cell"] = edit(full, duplicate(tests[0]))
+    corpus["duplicated_solution_cell"] = edit(full, duplicate(list(full)[1]))
+    corpus["test_cell_above_solution"] = edit(full, move_above(tests[2], [g for g in full if part_of(g) == part_of(tests[2])][0]))
+    corpus["test_cell_marked_solution"] = edit(full, lambda nb: nb.cells[cell_index(nb, tests[1])].metadata["nbgrader"].update(solution=True))
+    corpus["slow_c_call"] = {**full, p1: SLOW_C_CALL + full[p1]}
+    corpus["ignores_sigint"] = {**full, p1: full[p1] + "\n" + IGNORES_SIGINT}
+    corpus["runtime_warning"] = {**full, p1: full[p1] + (
+        f"\n\nimport warnings\n_{wrapped} = {wrapped}\n\n\ndef {wrapped}(*args, **kwargs):\n"
+        f"    warnings.warn('overflow encountered in exp', RuntimeWarning)\n    return _{wrapped}(*args, **kwargs)\n")}
+    corpus["vandal"] = {**full, last[-1]: full[last[-1]] + "\n" + VANDAL}
+    corpus["xss_feedback"] = edit({**full, last[-1]: full[last[-1]] + "\n" + XSS_CODE},
+                                  lambda nb: nb.cells.insert(1, nbformat.v4.new_markdown_cell(XSS_MARKDOWN)))
+    return corpus
+
+
 def submissions(assignment: str, hostile: bool = False) -> dict[str, dict[str, str | None]]:
     """student id -> {grade_id: cell source, or None to delete the cell}; cells not named stay
-    as released."""
+    as released. `hostile`: also HOSTILE, EDITS and the corpus of hostile_corpus."""
     full = solution_cells(assignment)
     data = submission_data(assignment)
     fabricated = {
@@ -170,21 +333,24 @@ def submissions(assignment: str, hostile: bool = False) -> dict[str, dict[str, s
         for name, code in HOSTILE.items():
             fabricated[name] = {**full, **{gid: code for gid in last_cells}}
         last_test = list(test_points(assignment))[-1]
-        for name, edit in EDITS.items():
+        for name, change in EDITS.items():
             unsolved = {gid: src for gid, src in full.items() if part_of(gid) != last_part}
-            fabricated[name] = {**unsolved, last_test: edit}
+            fabricated[name] = {**unsolved, last_test: change}
+        fabricated.update(hostile_corpus(assignment))
     return fabricated
 
 
-def write_submission(course: Path, assignment: str, student: str, cells: dict[str, str | None]) -> None:
+def write_submission(course: Path, assignment: str, student: str, cells: dict) -> None:
     nb = notebook(course / "exercises", assignment)
     nb.cells = [cell for cell in nb.cells if cells.get(grade_id(cell), "") is not None]
     for cell in nb.cells:
         if grade_id(cell) in cells:
             cell.source = cells[grade_id(cell)]
+    for change in cells.get("__edits__", []):
+        change(nb)
     folder = course / "submitted" / student / assignment
     folder.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, folder / f"{assignment}.ipynb")
+    (folder / f"{assignment}.ipynb").write_text(json.dumps(nb, indent=1))  # as a student's editor may: no validation
 
 
 def make_course(course: Path, names: list[str]) -> None:
@@ -210,20 +376,21 @@ def scores(course: Path, assignment: str) -> dict[str, dict[str, float]]:
     return result
 
 
-def grade(course: Path, assignment: str, students: dict[str, dict[str, str]], timeout: int) -> dict:
-    """Release `assignment` into `course`, submit `students`, autograde; return the scores."""
+def grade(course: Path, assignment: str, students: dict[str, dict], timeout: int, execute=True):
+    """Release `assignment` into `course`, submit `students`, grade; return (scores, Report)."""
     shutil.rmtree(course, ignore_errors=True)
     make_course(course, [assignment])
     for student, cells in students.items():
         write_submission(course, assignment, student, cells)
-    autograde(course, assignment, timeout)
-    return scores(course, assignment)
+    report = autograde(course, assignment, timeout, execute)
+    return scores(course, assignment), report
 
 
-def grade_many(workdir: Path, jobs: dict[str, tuple[str, dict, int]], workers: int = 2) -> dict:
-    """Grade several scratch courses side by side: {name: (assignment, students, timeout)}."""
+def grade_many(workdir: Path, jobs: dict[str, tuple], workers: int = 1) -> dict:
+    """Grade several scratch courses one after the other (each grades two students at a time):
+    {name: (assignment, students, timeout[, execute])} -> {name: (scores, Report)}."""
     with ThreadPoolExecutor(workers) as pool:
-        futures = {name: pool.submit(grade, workdir / name, a, s, t) for name, (a, s, t) in jobs.items()}
+        futures = {name: pool.submit(grade, workdir / name, *job) for name, job in jobs.items()}
         return {name: future.result() for name, future in futures.items()}
 
 
@@ -245,14 +412,34 @@ def print_table(assignment: str, graded: dict[str, dict[str, float]]) -> None:
         print(f"{student:26}{cells}{sum(by_cell.values()):>8g}")
 
 
+def print_report(report) -> None:
+    for student, why in sorted(report.not_graded.items()):
+        print(f"  NOT GRADED {student}: {why} (recorded as 0)")
+    for student, note in sorted(report.notes.items()):
+        print(f"  note on {student}: {note}")
+
+
+def grade_course(course: Path, assignment: str, timeout: int, sandbox: bool) -> None:
+    """Grade a real course's submissions (the instructor guide's command), then write feedback."""
+    started = time.perf_counter()
+    report = grader.grade(course, assignment, timeout=timeout, sandbox=sandbox)
+    nbgrader(course, "generate_feedback", assignment, "--force")
+    print_table(assignment, report.scores)
+    print_report(report)
+    print(f"{len(report.scores)} submissions in {time.perf_counter() - started:.0f} s; "
+          f"feedback in {course / 'feedback'}/<student>/{assignment}/")
+
+
 def check(names: list[str], workdir: Path) -> None:
     jobs = {name: (name, submissions(name), 60) for name in names}
-    for name, graded in grade_many(workdir, jobs).items():
+    for name, (graded, report) in grade_many(workdir, jobs).items():
         print_table(name, graded)
+        print_report(report)
 
 
 def demo(out: Path) -> None:
-    """A whole grading session: release, fabricated submissions, autograde, feedback, CSV."""
+    """A whole grading session: release, fabricated submissions (the hostile corpus and the honest
+    accidents included), sandboxed grading, feedback, CSV."""
     shutil.rmtree(out, ignore_errors=True)
     names = assignments()
     make_course(out, names)
@@ -260,16 +447,15 @@ def demo(out: Path) -> None:
     for name in names:
         for student, cells in submissions(name, hostile=name == hostile_target).items():
             write_submission(out, name, student, cells)
-        print(f"autograding {name} ...", flush=True)
+        print(f"grading {name} ...", flush=True)
         started = time.perf_counter()
-        failed = autograde(out, name, timeout=30)
+        report = autograde(out, name, timeout=20)
         seconds = time.perf_counter() - started
-        count = len(list((out / "submitted").glob(f"*/{name}")))
-        print(f"  {count} submissions in {seconds:.0f} s ({seconds / count:.1f} s each, nbgrader's start-up included)")
+        count = len(report.scores)
+        print(f"  {count} submissions in {seconds:.0f} s ({seconds / count:.1f} s each, two at a time)")
         nbgrader(out, "generate_feedback", name, "--force")
         print_table(name, scores(out, name))
-        for student in failed:
-            print(f"  nbgrader could not grade {student} (its kernel died): recorded as 0")
+        print_report(report)
     nbgrader(out, "export", "--to", "grades.csv")
     with open(out / "grades.csv") as f:
         rows = list(csv.DictReader(f))
@@ -279,13 +465,21 @@ def demo(out: Path) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["release", "check", "demo"])
+    parser.add_argument("command", choices=["release", "check", "demo", "grade"])
     parser.add_argument("assignments", nargs="*")
     parser.add_argument("--out", type=Path, default=ROOT / "grade-demo")
+    parser.add_argument("--course", type=Path, default=Path.cwd(), help="grade: the course directory")
+    parser.add_argument("--timeout", type=int, default=60, help="grade: seconds per cell and per part")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="grade without bubblewrap: DANGEROUS, a submission can then change other "
+                             "students' work and the gradebook")
     args = parser.parse_args()
     if args.command == "release":
         release()
     elif args.command == "check":
         check(args.assignments or assignments(), Path(os.environ.get("TMPDIR", "/tmp")) / "mpcourse-check")
+    elif args.command == "grade":
+        for name in args.assignments or parser.error("grade: name the assignments"):
+            grade_course(args.course.resolve(), name, args.timeout, not args.no_sandbox)
     else:
         demo(args.out)

@@ -1,0 +1,112 @@
+"""Runs one student's hidden tests: the untrusted half of the grader, started by tools/grader.py
+inside the student's sandbox. It never sees the student's notebook, only job.json:
+
+    {"secret": "...", "timeout": 60, "setup": "<the instructor's set-up cell>",
+     "parts": [{"test_id": "p1_tests", "cells": [["p1_solution", "<student code>"], ...],
+                "names": ["naive_softmax", ...], "test": "<the instructor's test cell>"}, ...]}
+
+For each part it forks a child (numpy, torch and the checker are imported before any student code
+and before the fork). The child runs the set-up cell twice, into two namespaces: the student's
+answer cells run in one, the test cell in the other, which receives only the names the exercise
+asks for (`names`), so nothing an answer cell rebinds (`grading`, `torch`, ...) reaches the tests.
+The child's output goes nowhere; its verdict comes back on a pipe, and a child that hangs, ignores
+signals or exits is killed or ignored after `timeout` seconds and fails that part alone.
+
+What it does not stop: code in an answer cell runs in the same process as that part's tests, so
+code written against this runner (writing a verdict to the pipe itself) can pass its own part. It
+cannot reach other parts, other students, the gradebook, or anything outside the sandbox.
+
+Prints one line, RESULT {"p1_tests": {"passed": true, "message": ""}, ...}, and exits 0.
+"""
+import ctypes
+import json
+import math  # noqa: F401  (imported before any student code, as the tests expect)
+import os
+import select
+import signal
+import sys
+import time
+
+import numpy  # noqa: F401
+import torch  # noqa: F401
+
+from mpcourse import grading
+
+
+def describe(error: BaseException) -> str:
+    """`Type: message` of an exception, without trusting the exception's own methods."""
+    try:
+        text = BaseException.__str__(error)
+    except Exception:  # noqa: BLE001
+        text = ""
+    return f"{type(error).__name__}: {text}"[:2000] if text else type(error).__name__
+
+
+def run_part(job: dict, part: dict, verdict_fd: int) -> None:
+    """In the child: run the answer cells and the part's tests, write the verdict, exit."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    grading._secret = job["secret"]
+    try:
+        tests = {"__name__": "__main__"}
+        exec(compile(job["setup"], "<set-up cell>", "exec"), tests)
+        answers = {"__name__": "__main__"}
+        exec(compile(job["setup"], "<set-up cell>", "exec"), answers)
+        for cell_id, source in part["cells"]:
+            try:
+                exec(compile(source, f"<your cell {cell_id}>", "exec"), answers)
+            except BaseException as error:  # noqa: BLE001
+                raise AssertionError(f"your cell {cell_id} failed: {describe(error)}") from None
+        tests.update({name: answers[name] for name in part["names"] if name in answers})
+        exec(compile(part["test"], f"<tests of {part['test_id']}>", "exec"), tests)
+        verdict = {"passed": True, "message": ""}
+    except BaseException as error:  # noqa: BLE001
+        verdict = {"passed": False, "message": describe(error)}
+    os.write(verdict_fd, json.dumps(verdict).encode())
+    os._exit(0)
+
+
+def grade_part(job: dict, part: dict) -> dict:
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        os.setpgid(0, 0)
+        run_part(job, part, write_fd)
+    os.close(write_fd)
+    deadline, data = time.monotonic() + job["timeout"], b""
+    while len(data) < 100_000:
+        ready, _, _ = select.select([read_fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(read_fd, 65536) if ready else None
+        if not chunk:
+            break
+        data += chunk
+    timed_out = time.monotonic() >= deadline
+    for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        try:
+            kill()
+        except OSError:
+            pass
+    os.waitpid(pid, 0)
+    os.close(read_fd)
+    try:
+        verdict = json.loads(data)
+        return {"passed": verdict["passed"] is True, "message": str(verdict["message"])[:2000]}
+    except (ValueError, KeyError, TypeError):
+        reason = (f"did not finish within {job['timeout']} s" if timed_out
+                  else "ended the process before the tests finished")
+        return {"passed": False, "message": f"the tests of this part {reason}"}
+
+
+def main() -> None:
+    # Not dumpable: the children cannot open this process's stdout or memory through /proc.
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    with open(sys.argv[1]) as f:
+        job = json.load(f)
+    results = {part["test_id"]: grade_part(job, part) for part in job["parts"]}
+    print("RESULT " + json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()
