@@ -84,3 +84,15 @@ def test_every_chapter_ends_with_takeaways_and_questions():
         text = book_markdown()[nb.name]
         assert "## Key takeaways" in text and "## Check your understanding" in text, nb.name
         assert text.index("## Key takeaways") < text.index("## Check your understanding"), nb.name
+
+
+def test_sources_are_described_not_called_ours():
+    """A reader cannot see "our sources": each source is named as what it is (a textbook chapter,
+    a popular blog post, ...), in the book and in the exercises alike."""
+    pages = book_markdown()
+    for nb in sorted((ROOT / "solutions").glob("*/*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        pages[nb.name] = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    wording = re.compile(r"\bour (source|sources|source texts?)\b|\bone of (our|the course's) sources\b", re.I)
+    found = {name: wording.findall(text) for name, text in pages.items() if wording.search(text)}
+    assert not found, found
