@@ -77,7 +77,11 @@ def confined(command: list[str], *, writable: Path, hide: list[Path], seconds: i
         return limits + command
     hidden = [arg for path in hide if path.exists() for arg in
               (("--tmpfs", str(path)) if path.is_dir() else ("--ro-bind", "/dev/null", str(path)))]
-    return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *hidden,
+    # The empty /tmp would also hide the course code and its Python where they live under /tmp
+    # (a fresh clone made with mktemp): put those back, read-only, before hiding what must be hidden.
+    needed = {ROOT, Path(sys.prefix).resolve()}
+    kept = [arg for path in sorted(needed) if path.is_relative_to("/tmp") for arg in ("--ro-bind", str(path), str(path))]
+    return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *kept, *hidden,
             "--bind", str(writable), str(writable), "--unshare-all", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL", "--setenv", "HOME", str(writable), "--setenv", "MPLBACKEND", "Agg",
             "--setenv", "JUPYTER_RUNTIME_DIR", "/tmp/jupyter-runtime", "--chdir", str(writable),
