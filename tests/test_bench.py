@@ -133,7 +133,7 @@ REAL_NAMES = {  # torch.cuda.get_device_name() strings -> the table entry they m
     "NVIDIA A100-PCIE-40GB": "A100 PCIe 40GB", "NVIDIA A100 80GB PCIe": "A100 PCIe 80GB",
     "NVIDIA L4": "L4", "NVIDIA H100 80GB HBM3": "H100 SXM", "NVIDIA H100 PCIe": "H100 PCIe",
     "NVIDIA H200": "H200 SXM", "NVIDIA L40S": "L40S", "NVIDIA GeForce RTX 4090": "RTX 4090",
-    "NVIDIA GeForce RTX 5090": "RTX 5090", "NVIDIA B200": "B200", "NVIDIA GB200": "GB200",
+    "NVIDIA GeForce RTX 5090": "RTX 5090", "NVIDIA H100 NVL": "H100 NVL", "NVIDIA B200": "B200", "NVIDIA GB200": "GB200",
     "AMD Instinct MI300X": "MI300X", "AMD Instinct MI300X VF": "MI300X",
     "AMD Instinct MI325X": "MI325X",
 }
@@ -145,8 +145,8 @@ def test_device_names_find_their_spec_and_unknown_names_find_none():
         assert spec is not None and spec.name == spec_name, device_name
     assert {spec.name for spec in GPU_SPECS} == set(REAL_NAMES.values())  # every row reachable
     # Other boards of the same chips are not matched by their siblings' rows: a laptop or China
-    # variant has fewer units, the NVL boards other clocks (and no datasheet figure was found).
-    for other in ("NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA GeForce RTX 4090 D",
+    # variant has fewer units, the H200 NVL other clocks (and no datasheet figure was found).
+    for other in ("NVIDIA H200 NVL", "NVIDIA GeForce RTX 4090 D",
                   "NVIDIA GeForce RTX 4090 Laptop GPU", "NVIDIA GeForce RTX 5090 D",
                   "NVIDIA A100X", "AMD Instinct MI300A", "NVIDIA L40", "NVIDIA B300", ""):
         assert lookup_spec(other) is None, other

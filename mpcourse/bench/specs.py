@@ -147,9 +147,14 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
     GpuSpec("H100 SXM", r"h100.*(hbm3|sxm)", (9, 0), _peaks(66.9, 494.7, 989.4, 989.4, 1978.9),
             3350.0, "NVIDIA H100 datasheet (SXM) and Hopper whitepaper"),
     # NVIDIA H100 datasheet (PCIe): FP32 51, TF32 756*, BF16/FP16 1513*, FP8 3026*, 2.0 TB/s
-    # HBM2e. (The H100 NVL is a different board and is not matched.)
+    # HBM2e. (The H100 NVL is a different board, with a row of its own.)
     GpuSpec("H100 PCIe", r"h100[ -]pcie", (9, 0), _peaks(51.0, 378.0, 756.0, 756.0, 1513.0),
             2000.0, "NVIDIA H100 datasheet (PCIe)"),
+    # NVIDIA H100 datasheet, H100 NVL column (the PCIe dual-slot board with 94 GB, sold in
+    # NVLink-bridged pairs): FP32 60, TF32 835*, BF16/FP16 1,671*, FP8 3,341*, 3.9 TB/s HBM3.
+    # Its own clocks and power limit (350-400 W), so neither the SXM nor the PCIe row fits it.
+    GpuSpec("H100 NVL", r"h100 nvl", (9, 0), _peaks(60.0, 417.5, 835.5, 835.5, 1670.5),
+            3900.0, "NVIDIA H100 datasheet (H100 NVL)"),
     # NVIDIA H200 datasheet (SXM): the H100 SXM's compute (FP32 67, TF32 989*, BF16/FP16 1979*,
     # FP8 3958*; dense as for the H100 SXM) with 141 GB of HBM3e at 4.8 TB/s. (The H200 NVL,
     # a lower-power board, is not matched.)
@@ -195,8 +200,9 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
             "AMD Instinct MI325X data sheet", vendor="amd",
             note="FP8 as float8_e4m3fnuz / float8_e5m2fnuz, not the OCP e4m3fn / e5m2"),
 )
-# Not listed, for want of a datasheet figure found: the H100 NVL (its name matches no row, so
-# its peaks are not guessed from the H100 SXM's) and the B300 (no dense figures published).
+# Not listed, for want of a datasheet figure found: the B300 (NVIDIA's Blackwell Ultra material
+# gives sparse FP4 and FP8 rates, no dense table per precision) and the H200 NVL (its name matches
+# no row, so its peaks are not guessed from the H200 SXM's).
 
 
 def lookup_spec(device_name: str) -> GpuSpec | None:
