@@ -35,16 +35,18 @@ from tests.ml_reference import ML_DTYPES, ml_dtypes_deviations, ml_dtypes_round 
 
 
 def tf32_reference(x: np.ndarray) -> np.ndarray:
-    """Round to TF32 with float64 arithmetic (a different method from round_to's bit operations)."""
-    with np.errstate(invalid="ignore"):  # signalling NaNs
-        x64 = x.astype(np.float64)
-    exponent = np.frexp(x64)[1] - 1  # |x| in [2**e, 2**(e+1)), exactly
-    gap = np.ldexp(1.0, np.maximum(exponent, TF32.emin) - TF32.mantissa_bits)
+    """Round float32 x to TF32 with float64 arithmetic, rint(x / gap) * gap (a different method
+    from round_to's bit operations), gap = 2**(e - 10) the spacing of TF32 where |x| lies in
+    [2**e, 2**(e+1)). e is read from float32's exponent field (1 for subnormals), and the power
+    of two is written straight into a float64's exponent field: frexp and ldexp are slow."""
+    field = ((x.view(np.uint32) >> 23) & 0xFF).astype(np.int64)
+    exponent = np.maximum(np.maximum(field, 1) - 127, TF32.emin)
+    gap = ((exponent - TF32.mantissa_bits + 1023) << 52).view(np.float64)
     with np.errstate(all="ignore"):
-        rounded = np.rint(x64 / gap) * gap  # rint: ties to even, like IEEE
-        rounded = np.where(np.abs(rounded) > TF32.max_value, np.copysign(np.inf, x64), rounded)
-        rounded = np.where(np.isfinite(x64), rounded, x64)
-    return rounded.astype(np.float32)
+        rounded = np.rint(x / gap) * gap  # float64: the division by a power of two is exact;
+    rounded[np.abs(rounded) > TF32.max_value] = np.inf  # rint: ties to even, like IEEE
+    rounded = np.copysign(rounded.astype(np.float32), x)
+    return np.where(np.isfinite(x), rounded, x)
 
 
 def reference(x: np.ndarray, fmt) -> np.ndarray:
