@@ -24,7 +24,8 @@ import grader  # noqa: E402
 import sync_colab_cells  # noqa: E402
 
 EXERCISES = ["ex1_precision_comparison", "ex2_loss_scaling", "ex3_dynamic_range",
-             "ex4_softmax_stability", "ex5_mixed_precision_speedup", "ex6_fp8_quantization"]
+             "ex4_softmax_stability", "ex5_mixed_precision_speedup", "ex6_fp8_quantization",
+             "ex8_bitwise_resume"]
 ASSIGNMENTS = autograde.assignments()
 HOSTILE_TARGET = "ex4_softmax_stability" if "ex4_softmax_stability" in ASSIGNMENTS else ASSIGNMENTS[0]
 STANDARD = ["full", "blank", "partial", "reference"]
