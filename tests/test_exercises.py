@@ -1,4 +1,4 @@
-"""The six graded exercises, end to end with the real nbgrader: the release is generated from the
+"""The eight graded exercises, end to end with the real nbgrader: the release is generated from the
 solutions and leaks nothing, and autograding gives the marks an instructor expects, to every
 kind of submission, including hostile ones, without hanging.
 
@@ -25,7 +25,7 @@ import sync_colab_cells  # noqa: E402
 
 EXERCISES = ["ex1_precision_comparison", "ex2_loss_scaling", "ex3_dynamic_range",
              "ex4_softmax_stability", "ex5_mixed_precision_speedup", "ex6_fp8_quantization",
-             "ex7_fp16_nan_hunt"]
+             "ex7_fp16_nan_hunt", "ex8_bitwise_resume"]
 ASSIGNMENTS = autograde.assignments()
 HOSTILE_TARGET = "ex4_softmax_stability" if "ex4_softmax_stability" in ASSIGNMENTS else ASSIGNMENTS[0]
 STANDARD = ["full", "blank", "partial", "reference"]
