@@ -412,12 +412,8 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
         method = next((m for m in _FAST_PATHS if _applies(m, fmt, rounding) and
                        _fast_path_agrees(m, fmt, rounding, t.device, from_float64)), "bits")
     if method == "cast":
-        # One cast is one pass, best done at once; fixes after it are passes that pay to repeat
-        # on cache-sized pieces.
-        one_pass = t.dtype != torch.float64 and not _cast_needs_fixing(fmt, saturate)
         out = _in_pieces(t, lambda piece, target: _round_by_torch_cast(piece, fmt, _torch_dtype(fmt),
-                                                                       saturate, target),
-                         whole=one_pass)
+                                                                       saturate, target))
     elif method == "gaps":
         out = _in_pieces(t, lambda piece, target: _round_by_gaps(piece, fmt, rounding, saturate, target))
     else:
@@ -425,13 +421,17 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
     return out.numpy() if is_numpy else out
 
 
-def _in_pieces(t: torch.Tensor, fill, whole: bool = False) -> torch.Tensor:
+def _in_pieces(t: torch.Tensor, fill) -> torch.Tensor:
     """A float32 tensor shaped like ``t``, filled by ``fill(piece_of_t, piece_of_out)``.
 
     Each step of the rounding is one pass over the data; on a CPU, passes over cache-sized
-    pieces run about twice as fast as passes over one large array (``whole``: one piece)."""
-    out = torch.empty(t.shape, dtype=torch.float32, device=t.device)
-    piece = _CPU_PIECE if t.device.type == "cpu" and not whole else max(t.numel(), 1)
+    pieces run two to three times as fast as passes over one large array (torch's own casts to
+    BF16 and FP16 and back included: the narrow copy of a piece never leaves the cache)."""
+    if t.device.type == "cpu":  # NumPy asks the kernel for huge pages: a large array is ready to
+        out = torch.from_numpy(np.empty(t.shape, dtype=np.float32))  # write ~5x sooner
+    else:
+        out = torch.empty(t.shape, dtype=torch.float32, device=t.device)
+    piece = _CPU_PIECE if t.device.type == "cpu" else max(t.numel(), 1)
     for source, target in zip(t.detach().reshape(-1).split(piece), out.view(-1).split(piece)):
         fill(source, target)
     return out
