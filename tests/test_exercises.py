@@ -113,7 +113,7 @@ def graded_outputs(workdir, course, student, assignment, test_cell):
 
 # --- the source and the release -------------------------------------------------------------
 
-def test_the_six_exercises_are_there():
+def test_the_eight_exercises_are_there():
     assert ASSIGNMENTS == EXERCISES
 
 
