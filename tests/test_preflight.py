@@ -11,19 +11,9 @@ from torch import nn
 
 from mpcourse.debugging import PreflightReport, preflight
 from mpcourse.formats import FP16, round_to
+from tests.test_debugging import Scale as Amplify  # multiplies by a constant: a layer whose activations grow
 
 matplotlib.use("Agg")
-
-
-class Amplify(nn.Module):
-    """Multiplies by a constant: a stand-in for a layer whose activations grow too large."""
-
-    def __init__(self, factor):
-        super().__init__()
-        self.factor = factor
-
-    def forward(self, x):
-        return x * self.factor
 
 
 def mlp(*layers, seed=0):
