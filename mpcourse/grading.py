@@ -145,6 +145,12 @@ def summary() -> None:
         print(f"\N{CHECK MARK} {part}")
 
 
+def _is_forbidden(name) -> bool:
+    """A forbidden name, or one of its other spellings: torch._softmax, torch.special.softmax
+    (whose __name__ is special_softmax)."""
+    return isinstance(name, str) and name.lstrip("_").removeprefix("special_") in _forbidden
+
+
 @contextlib.contextmanager
 def _watch_calls_into(directory: Path, excluded: Path):
     """Yield a list that fills with the mpcourse functions (and forbidden torch functions) called
@@ -157,9 +163,9 @@ def _watch_calls_into(directory: Path, excluded: Path):
             filename = frame.f_code.co_filename
             if filename.startswith(str(directory)) and Path(filename).resolve() != excluded:
                 calls.append(f"{Path(filename).stem}.{frame.f_code.co_name}")
-            elif frame.f_code.co_name in _forbidden and filename.startswith(str(_TRUSTED_DIRS[1])):
+            elif _is_forbidden(frame.f_code.co_name) and filename.startswith(str(_TRUSTED_DIRS[1])):
                 calls.append(f"torch {frame.f_code.co_name}")
-        elif event == "c_call" and getattr(arg, "__name__", None) in _forbidden:
+        elif event == "c_call" and _is_forbidden(getattr(arg, "__name__", None)):
             calls.append(f"torch.{arg.__name__}")
 
     def tracer(frame, event, arg):

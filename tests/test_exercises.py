@@ -352,3 +352,23 @@ def test_the_course_config_sets_a_timeout_and_bounds_output():
     config = (ROOT / "nbgrader_config.py").read_text()
     assert "c.Execute.timeout = " in config and "BoundedOutputExecute" in config
     assert yaml.safe_load((ROOT / "_config.yml").read_text())["execute"]["exclude_patterns"] == ["exercises/*/*.ipynb"]
+
+
+def test_malformed_submissions_are_refused_clearly_not_with_a_crash(tmp_path):
+    # A grade_id that is not a string is no grade_id (it used to stop the whole class's grading).
+    assert grader.grade_id({"metadata": {"nbgrader": {"grade_id": ["p1_solution"]}}}) is None
+    assert grader.grade_id({"metadata": {"nbgrader": {"grade_id": "p1_solution"}}}) == "p1_solution"
+    deep = tmp_path / "deep.ipynb"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match="nests too deeply"):
+        grader.read_notebook(deep)
+
+
+def test_no_sandbox_sees_the_secret_or_the_private_folders(tmp_path):
+    hidden = set(grader.private_paths(tmp_path))
+    for base in (tmp_path, ROOT):  # the course, and the repository that holds the grader
+        assert {base / name for name in (".git", "grade-demo", "solutions", "nbgrader_config.py",
+                                         "gradebook.db", "submitted")} <= hidden
+    template = grader.template_course(ROOT, ASSIGNMENTS[0], tmp_path)  # what each sandbox gets
+    assert "HiddenTests" not in (template / "nbgrader_config.py").read_text()
+    assert "HiddenTests" in (ROOT / "nbgrader_config.py").read_text()

@@ -102,7 +102,8 @@ def run_confined(command, *, writable, hide, seconds, sandbox) -> subprocess.Com
 
 def grade_id(cell: dict) -> str | None:
     nbgrader = cell.get("metadata", {}).get("nbgrader", {}) if isinstance(cell, dict) else {}
-    return nbgrader.get("grade_id") if isinstance(nbgrader, dict) else None
+    gid = nbgrader.get("grade_id") if isinstance(nbgrader, dict) else None
+    return gid if isinstance(gid, str) else None  # a student may write anything there
 
 
 def source_text(cell: dict) -> str:
@@ -153,7 +154,10 @@ def used_names(source: str) -> set[str]:
 def read_notebook(path: Path) -> dict:
     if path.stat().st_size > 50 * 2**20:
         raise ValueError("the notebook is larger than 50 MB")
-    nb = json.loads(path.read_text(errors="replace"))
+    try:
+        nb = json.loads(path.read_text(errors="replace"))
+    except RecursionError:
+        raise ValueError("the file nests too deeply to be a notebook") from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError("the file is not a Jupyter notebook (no list of cells)")
     nb["cells"] = [c for c in nb["cells"] if isinstance(c, dict)]
@@ -269,12 +273,25 @@ def nbgrader_command(*args: str) -> list[str]:
     return [str(BIN / "python"), "-m", "nbgrader", *args]
 
 
+# What no student's sandbox may read, in the course and in the repository that holds the grader
+# (the same folder when an instructor grades from a private clone): the submissions, the hidden
+# tests, the gradebook, the secret, the grade demo's copies of them, and the history of all these.
+PRIVATE = ("submitted", "autograded", "feedback", "solutions", "source", "gradebook.db",
+           "nbgrader_config.py", "grade-demo", ".git")
+
+
+def private_paths(course: Path) -> list[Path]:
+    return sorted({base / name for base in (course, ROOT) for name in PRIVATE})
+
+
 def template_course(course: Path, assignment: str, scratch: Path) -> Path:
     """A course holding only the release of `assignment` and a gradebook made from it: what each
     student's sandbox gets (no hidden test, no other student, not the real gradebook)."""
     template = scratch / "template"
     template.mkdir(parents=True)
-    shutil.copy(ROOT / "nbgrader_config.py", template)  # the public one: the course's holds the secret
+    config = (ROOT / "nbgrader_config.py").read_text()  # without the secret: the sandbox gets this copy
+    (template / "nbgrader_config.py").write_text("".join(line for line in config.splitlines(keepends=True)
+                                                         if "HiddenTests" not in line))
     shutil.copytree(course / "exercises" / assignment, template / "solutions" / assignment)
     result = subprocess.run(nbgrader_command("generate_assignment", assignment, "--force"), cwd=template,
                             env=ENV, capture_output=True, text=True)
@@ -290,14 +307,14 @@ def grade_student(course, assignment, student, template, source, release, secret
         submission = read_notebook(course / "submitted" / student / assignment / f"{assignment}.ipynb")
     except (OSError, ValueError) as error:
         return None, None, f"the submission could not be read: {error}", None
-    with tempfile.TemporaryDirectory(prefix=f"grading-{assignment}-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=f"grading-{assignment}-", dir="/tmp") as scratch:  # under the
+        # sandbox's empty /tmp: other students' scratch folders stay out of sight whatever TMPDIR says
         work = Path(scratch)
         shutil.copytree(template, work / "course")
         folder = work / "course" / "submitted" / student / assignment
         folder.mkdir(parents=True)
         (folder / f"{assignment}.ipynb").write_text(json.dumps(normalised(submission, release)))
-        hide = [course / name for name in ("submitted", "autograded", "feedback", "solutions", "source",
-                                           "gradebook.db", "nbgrader_config.py")] + [ROOT / "solutions"]
+        hide = private_paths(course)
         ran, note = submission, None
         cells = sum(c.get("cell_type") == "code" for c in submission["cells"])
         run = execute and run_confined(nbgrader_command("autograde", assignment, "--student", student, "--force",
@@ -355,14 +372,19 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
               if grade_id(c) and c["metadata"]["nbgrader"].get("grade") and c["cell_type"] == "code"}
     secret = instructor_secret(course)
     report = Report()
-    with tempfile.TemporaryDirectory(prefix="grading-template-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="grading-template-", dir="/tmp") as scratch:
         template = template_course(course, assignment, Path(scratch))
         with ThreadPoolExecutor(workers) as pool:
             futures = {s: pool.submit(grade_student, course, assignment, s, template, source, release,
                                       hashlib.sha256(f"{secret}:{assignment}:{s}".encode()).hexdigest(),
                                       timeout, sandbox, execute is True or s in (execute or ()))
                        for s in students}
-            results = {s: f.result() for s, f in futures.items()}
+            results = {}
+            for student, future in futures.items():
+                try:
+                    results[student] = future.result()
+                except Exception as error:  # noqa: BLE001  one broken submission must not stop the class
+                    results[student] = (None, None, f"the grader failed on this submission: {error!r}"[:500], None)
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
         for student, (verdicts, ran, problem, note) in results.items():
             verdicts = verdicts or {}

@@ -13,8 +13,9 @@ The child's output goes nowhere; its verdict comes back on a pipe, and a child t
 signals or exits is killed or ignored after `timeout` seconds and fails that part alone.
 
 What it does not stop: code in an answer cell runs in the same process as that part's tests, so
-code written against this runner (writing a verdict to the pipe itself) can pass its own part. It
-cannot reach other parts, other students, the gradebook, or anything outside the sandbox.
+code written against this runner (writing a verdict to the pipe itself, or reading the job from
+the runner's memory, its part's hidden tests and seed included) can pass its own part. It cannot
+reach other parts' results, other students, the gradebook, or anything outside the sandbox.
 
 Prints one line, RESULT {"p1_tests": {"passed": true, "message": ""}, ...}, and exits 0.
 """
@@ -104,6 +105,7 @@ def main() -> None:
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
     with open(sys.argv[1]) as f:
         job = json.load(f)
+    os.unlink(sys.argv[1])  # gone before any answer runs: no reading the hidden tests or the seed from it
     results = {part["test_id"]: grade_part(job, part) for part in job["parts"]}
     print("RESULT " + json.dumps(results), flush=True)
 
