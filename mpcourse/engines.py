@@ -22,7 +22,6 @@ NCCL ranks, and the dtypes, bytes and rounding measured are the same.
 """
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -228,14 +227,21 @@ def transformer(seed: int = 0):
         return TinyTransformer()
 
 
+def _check_world_sizes(*sizes, global_batch: int = 16) -> None:
+    """Before any process starts: each world size must share the global batch evenly."""
+    for n in sizes:
+        if not isinstance(n, int) or n < 1 or global_batch % n:
+            raise ValueError(f"a world size must be a positive divisor of the global batch of "
+                             f"{global_batch}, got {n!r}")
+
+
 def lm_rank_batch(rank: int, world_size: int, *, step: int = 0, seed: int = 0,
                   global_batch: int = 16):
     """Rank ``rank``'s slice of the global batch of ``global_batch`` addition-corpus windows of
     ``step``: the same global batch whatever the world size (it must divide ``global_batch``)."""
     from mpcourse.workloads import addition_corpus, encode_text, lm_batch
 
-    if global_batch % world_size:
-        raise ValueError(f"{world_size} ranks cannot share a global batch of {global_batch}")
+    _check_world_sizes(world_size, global_batch=global_batch)
     tokens = encode_text(addition_corpus(400, seed=seed))
     draw = torch.Generator().manual_seed(1009 * seed + step)
     x, y = lm_batch(tokens, global_batch, 32, generator=draw)
@@ -351,6 +357,7 @@ def fsdp_policies(world_size: int = 2, *, seed: int = 0):
     backward (``dtypes[policy][what]``), and for each reduce dtype the relative error of the
     reduced gradient against the exact mean of the ranks' FP32 gradients.
     """
+    _check_world_sizes(world_size)
     return run_workers(_policy_worker, world_size, seed, backend=BACKEND)[0]
 
 
@@ -373,9 +380,9 @@ def rank_bytes(model, optimizer) -> dict[str, int]:
     from mpcourse.optim import training_state
 
     state = training_state(model, getattr(optimizer, "optim", optimizer))
-    moments = [t for t in state.pop("optimizer state") if t.dim() > 0]
-    counters = [t for t in training_state(model, getattr(optimizer, "optim", optimizer))
-                ["optimizer state"] if t.dim() == 0]
+    optimizer_state = state.pop("optimizer state")
+    moments = [t for t in optimizer_state if t.dim() > 0]
+    counters = [t for t in optimizer_state if t.dim() == 0]
     bill = {role: local_bytes(tensors) for role, tensors in state.items()}
     bill["Adam moments"], bill["step counters"] = local_bytes(moments), local_bytes(counters)
     return bill
@@ -432,6 +439,7 @@ def memory_per_rank(world_size: int = 2, *, seed: int = 0):
     ``held_after_forward[rank][engine]`` (bytes of unsharded parameters between forward and
     backward), the parameter count and the number of parameter tensors.
     """
+    _check_world_sizes(world_size)
     results = run_workers(_memory_worker, world_size, seed, backend=BACKEND)
     return ([r[0] for r in results], [r[1] for r in results], results[0][2], results[0][3])
 
@@ -517,6 +525,7 @@ def checkpoint_roundtrip(path, *, save_world_size: int = 2, load_world_sizes=(2,
     ``(loss, scale, weights changed)`` and gathered snapshots at the checkpoint and at the end.
     The global batch is the same whatever the number of ranks.
     """
+    _check_world_sizes(save_world_size, *load_world_sizes)
     import pathlib
 
     path = pathlib.Path(path)

@@ -225,7 +225,7 @@ class SpikeDetector:
     """
 
     def __init__(self, window: int = 20, threshold: float = 6.0):
-        if window < 2 or threshold <= 0:
+        if not isinstance(window, int) or isinstance(window, bool) or window < 2 or threshold <= 0:
             raise ValueError(f"need window >= 2 and threshold > 0, got {window} and {threshold}")
         self.window, self.threshold, self.recent = window, threshold, []
 

@@ -378,7 +378,7 @@ class DeviceProfile:
                 fp8 = fp8_dtypes_of("amd", (major, minor))
                 fp8_text = ("no FP8" if fp8 is None else
                             "FP8 as " + " and ".join(str(d).removeprefix("torch.") for d in fp8))
-                return cls("rocm", f"{name} (AMD gfx{major}{minor:x}, {fp8_text})")
+                return cls("rocm", f"{name} (AMD gfx{major}{minor:x}x, {fp8_text})")
             capability = tuple(torch.cuda.get_device_capability(device))
             return cls("cuda", name, capability, fp8_matmul=_scaled_mm_runs(device))
         if device.type == "cpu":

@@ -71,3 +71,10 @@ def test_checkpoint_needs_an_empty_directory(tmp_path):
     (tmp_path / "x").write_text("")
     with pytest.raises(ValueError, match="empty directory"):
         engines.checkpoint_roundtrip(tmp_path)
+
+
+@pytest.mark.parametrize("call", [lambda: engines.fsdp_policies(3), lambda: engines.memory_per_rank(5),
+                                  lambda: engines.checkpoint_roundtrip("/nonexistent", load_world_sizes=(2, 3))])
+def test_a_world_size_that_cannot_share_the_batch_is_refused_before_any_process_starts(call):
+    with pytest.raises(ValueError, match="positive divisor of the global batch"):
+        call()

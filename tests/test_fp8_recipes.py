@@ -286,3 +286,10 @@ def test_block_recipes_run_on_cuda_as_on_cpu(recipe):
         for a, b, (_, magnitude, k) in zip(on_gpu, on_cpu, reference_products(cpu, x, dy)):
             assert_within_fp32_accumulation(a.cpu(), b.double(), 2 * magnitude, k,
                                             2 * cpu.bias.detach().abs().max())
+
+
+@pytest.mark.parametrize("fields", [dict(block_size=12, hadamard_size=3), dict(block_size=32, hadamard_size=64),
+                                    dict(block_size=0), dict(block_size=2.5)])
+def test_a_block_recipe_with_impossible_sizes_is_refused_when_made(fields):
+    with pytest.raises(ValueError, match="block_size"):
+        BlockRecipe("custom", "block", "e4m3", "e4m3", **fields)

@@ -236,3 +236,9 @@ def test_bf16_second_moment_cannot_decay_with_beta2_0999():
 def test_adam_low_precision_states_rejects_bad_settings(options):
     with pytest.raises(ValueError):
         AdamLowPrecisionStates([torch.zeros(2, requires_grad=True)], **options)
+
+
+@pytest.mark.parametrize("window", [2.5, True, 1])
+def test_a_spike_detector_window_must_be_an_integer_of_at_least_two(window):
+    with pytest.raises(ValueError, match="window >= 2"):
+        SpikeDetector(window=window)

@@ -402,7 +402,7 @@ def precision_support(precision, device=None) -> tuple[bool, str]:
 def _amd_support(precision: str, info: DeviceInfo) -> tuple[bool, str]:
     """precision_support on an AMD GPU, where torch's "compute capability" is the gfx version."""
     major, minor = info.compute_capability
-    here = f"{info.name} (AMD gfx{major}{minor:x}, reported by torch as capability {major}.{minor})"
+    here = f"{info.name} (AMD gfx{major}{minor:x}x, reported by torch as capability {major}.{minor})"
     if precision == "fp8":
         if info.fp8_dtypes is None:
             return False, f"{here} has no FP8 matrix cores that this library knows of"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mpcourse.formats import FloatFormat, get_format
+from mpcourse.formats import FloatFormat
 from mpcourse.fp8.quantization import QuantizedTensor, quantize
 from mpcourse.fp8.scaling import Fp8Recipe
 
@@ -85,8 +85,13 @@ class BlockRecipe:
         if self.weight_tile is not None and self.weight_tile != self.block_size:
             raise ValueError("weight_tile must equal block_size, so that the padded K of both "
                              "operands of a product agree")
-        if self.hadamard_size is not None and self.block_size % self.hadamard_size:
-            raise ValueError("hadamard_size must divide block_size")
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"block_size must be a positive integer, got {self.block_size!r}")
+        if self.hadamard_size is not None:
+            n = self.hadamard_size
+            if not isinstance(n, int) or n < 1 or n & (n - 1) or self.block_size % n:
+                raise ValueError(f"hadamard_size must be a power of two that divides block_size "
+                                 f"({self.block_size}), got {n!r}")
         self.quantize_rows(torch.ones(1, self.block_size), self.forward_format)  # checks fields
         self.quantize_rows(torch.ones(1, self.block_size), self.backward_format)
 
