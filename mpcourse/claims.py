@@ -10,6 +10,16 @@ the machine changes, and nothing notices. Two ways keep it true:
   the sentence stops holding, the cell raises :class:`ClaimFailed`, which fails the book build
   (``jupyter-book build -W``) and the notebook tests (nbval), and the message says which sentence.
 
+A number that came out is not yet an explanation. Three more disciplines keep the *reasons* true
+(the contributor notes in the README have a worked example of each):
+
+* **Causes** are checked by an ablation: remove the cause the sentence names, and ``claim`` that the
+  effect changes as the sentence predicts.
+* **Scope**: a rule ("never", "safe", "always") is checked at the edge where it would fail, or
+  narrowed to the setting it was measured in.
+* **Noise**: a ranking of training runs is checked against the seed-to-seed spread of the runs it
+  ranks, with :func:`seed_spread` and :func:`beyond_noise`.
+
 >>> claim("FP16's largest value is 65504", 65504.0 == 2**15 * (2 - 2**-10))
 >>> claim("two plus two is five", 2 + 2 == 5, measured=2 + 2)
 Traceback (most recent call last):
@@ -18,9 +28,12 @@ mpcourse.claims.ClaimFailed: the book says "two plus two is five", but this run 
 """
 from __future__ import annotations
 
+import math
 import numbers
+import random
+from dataclasses import dataclass
 
-__all__ = ["ClaimFailed", "claim"]
+__all__ = ["ClaimFailed", "Spread", "beyond_noise", "claim", "seed_spread"]
 
 
 class ClaimFailed(AssertionError):
@@ -59,5 +72,95 @@ def _is_truth_value(value) -> bool:
         return True
     if "bool" not in str(getattr(value, "dtype", "")):
         return False
+    return _size(value) == 1
+
+
+@dataclass(frozen=True)
+class Spread:
+    """What one training outcome does from seed to seed: ``values`` (one per seed, in the order of
+    the seeds), and their ``low`` and ``high``; ``width`` is ``high - low``."""
+
+    values: tuple
+    low: float
+    high: float
+
+    @property
+    def width(self) -> float:
+        return self.high - self.low
+
+
+def seed_spread(run, seeds=(0, 1, 2)) -> Spread:
+    """Run ``run(seed)`` once per seed and return the spread of its outcomes.
+
+    ``run(seed)`` must seed everything that differs between two honest runs (the initialisation
+    *and* the data order) from ``seed``, and return one finite real number (a final loss, an
+    accuracy). The global random states of ``random``, NumPy and torch are restored afterwards, so
+    measuring the noise does not change what the notebook's later cells draw.
+
+    >>> seed_spread(lambda seed: [0.50, 0.53, 0.49][seed])
+    Spread(values=(0.5, 0.53, 0.49), low=0.49, high=0.53)
+    """
+    if not callable(run):
+        raise TypeError(f"seed_spread() needs a function run(seed) -> number, got {type(run).__name__}")
+    seeds = tuple(seeds)
+    if len(seeds) < 2:
+        raise ValueError(f"seed_spread() needs at least two seeds to measure a spread, got {seeds!r}")
+    if not all(isinstance(seed, numbers.Integral) and not isinstance(seed, bool) for seed in seeds):
+        raise TypeError(f"seeds must be integers, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must differ from each other, got {seeds!r}")
+    saved = _random_states()
+    try:
+        values = []
+        for seed in seeds:
+            values.append(_finite_real(run(int(seed)), f"run({seed})"))
+    finally:
+        _restore_random_states(saved)
+    return Spread(values=tuple(values), low=min(values), high=max(values))
+
+
+def beyond_noise(difference, spread: Spread) -> bool:
+    """True when ``difference`` (between two runs' outcomes) is larger in size than the spread of
+    one run across seeds: only then may a sentence rank the two; otherwise it says "within noise".
+
+    >>> band = Spread(values=(0.50, 0.53, 0.49), low=0.49, high=0.53)
+    >>> beyond_noise(0.10, band), beyond_noise(-0.02, band)
+    (True, False)
+    """
+    if not isinstance(spread, Spread):
+        raise TypeError(f"beyond_noise() needs a Spread from seed_spread(), got {type(spread).__name__}")
+    return abs(_finite_real(difference, "beyond_noise()'s difference")) > spread.width
+
+
+def _finite_real(value, what: str) -> float:
+    """``value`` as a float: a real number, or a one-element NumPy array or tensor; finite."""
+    if _size(value) == 1 and hasattr(value, "item"):
+        value = value.item()
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{what} must be one real number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"{what} is {value}: a spread is measured on finite outcomes")
+    return float(value)
+
+
+def _size(value):
     numel = getattr(value, "numel", None)  # torch tensors count with numel(), NumPy with size
-    return (numel() if callable(numel) else getattr(value, "size", 0)) == 1
+    return numel() if callable(numel) else getattr(value, "size", None)
+
+
+def _random_states():
+    import numpy as np
+    import torch
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
+
+
+def _restore_random_states(states) -> None:
+    import numpy as np
+    import torch
+    python, numpy_state, torch_state, cuda = states
+    random.setstate(python)
+    np.random.set_state(numpy_state)
+    torch.set_rng_state(torch_state)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)

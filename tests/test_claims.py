@@ -64,3 +64,67 @@ def test_every_chapter_backs_its_sentences_with_checks():
     unchecked = [name for name, n in counts.items() if n == 0]
     assert not unchecked, (f"chapters without a single claim() check: {unchecked}; "
                            f"counts per chapter: {counts}")
+
+
+# --- Noise: seed_spread and beyond_noise -------------------------------------------------------
+
+from mpcourse.claims import Spread, beyond_noise, seed_spread  # noqa: E402
+
+
+def test_seed_spread_runs_every_seed_in_order_and_returns_its_band():
+    calls = []
+
+    def run(seed):
+        calls.append(seed)
+        return torch.tensor(0.5 + 0.01 * seed)  # a one-element tensor is accepted
+
+    spread = seed_spread(run, seeds=(3, 1, 2))
+    assert calls == [3, 1, 2]
+    assert spread.values == pytest.approx((0.53, 0.51, 0.52))
+    assert (spread.low, spread.high) == pytest.approx((0.51, 0.53))
+    assert spread.width == pytest.approx(0.02)
+
+
+def test_seed_spread_leaves_the_global_random_states_as_they_were():
+    import random
+    torch.manual_seed(123); np.random.seed(123); random.seed(123)
+    expected = (torch.rand(1).item(), np.random.rand(), random.random())
+    torch.manual_seed(123); np.random.seed(123); random.seed(123)
+
+    def run(seed):
+        torch.manual_seed(seed); np.random.seed(seed); random.seed(seed)
+        return float(torch.rand(1) + np.random.rand() + random.random())
+
+    seed_spread(run)
+    assert (torch.rand(1).item(), np.random.rand(), random.random()) == expected
+
+
+def test_beyond_noise_compares_the_size_of_a_difference_with_the_band():
+    band = Spread(values=(0.50, 0.53, 0.49), low=0.49, high=0.53)
+    assert beyond_noise(0.05, band) and beyond_noise(-0.05, band)
+    assert not beyond_noise(0.04, band) and not beyond_noise(-0.01, band)
+    assert beyond_noise(np.float32(0.1), band) and not beyond_noise(torch.tensor(0.01), band)
+
+
+@pytest.mark.parametrize("seeds, error", [((0,), ValueError), ((), ValueError), ((0, 0), ValueError),
+                                          ((0, 1.5), TypeError), ((True, False), TypeError)])
+def test_seed_spread_refuses_seeds_that_cannot_measure_a_spread(seeds, error):
+    with pytest.raises(error, match="seed"):
+        seed_spread(lambda seed: 1.0, seeds=seeds)
+
+
+@pytest.mark.parametrize("outcome, error", [(float("nan"), ValueError), (float("inf"), ValueError),
+                                            ("0.5", TypeError), (None, TypeError),
+                                            (torch.tensor([1.0, 2.0]), TypeError)])
+def test_seed_spread_refuses_an_outcome_that_is_not_one_finite_number(outcome, error):
+    with pytest.raises(error, match=r"run\(0\)"):
+        seed_spread(lambda seed: outcome)
+
+
+def test_seed_spread_and_beyond_noise_refuse_what_they_cannot_use():
+    with pytest.raises(TypeError, match="run"):
+        seed_spread(3)
+    with pytest.raises(TypeError, match="Spread"):
+        beyond_noise(0.1, (0.49, 0.53))
+    with pytest.raises(ValueError, match="difference"):
+        beyond_noise(float("nan"), Spread(values=(1.0, 1.0), low=1.0, high=1.0))
