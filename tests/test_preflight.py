@@ -181,16 +181,17 @@ def fp16_verdict_at(model, x, y, scale):
 
 
 class Nudge(nn.Module):
-    """Adds ``1e-6 * offset`` (an (8, 32) parameter, repeated over a batch of 64): its gradient is
-    about a million times smaller than the gradient that reaches the layer, and 2% of all the
-    gradient elements, too few to move the median parameter gradient."""
+    """Adds ``factor * offset`` (an (8, 32) parameter, repeated over a batch of 64): its gradient is
+    ``factor`` times the gradient that reaches the layer, and 2% of all the gradient elements, too
+    few to move the median parameter gradient."""
 
-    def __init__(self):
+    def __init__(self, factor=1e-6):
         super().__init__()
+        self.factor = factor
         self.offset = nn.Parameter(torch.zeros(8, 32))
 
     def forward(self, x):
-        return x + 1e-6 * self.offset.repeat(8, 1)
+        return x + self.factor * self.offset.repeat(8, 1)
 
 
 @pytest.mark.parametrize("loss_scale, extra, verdict", [
@@ -215,3 +216,19 @@ def test_the_loss_scale_range_agrees_with_the_verdict_at_both_edges(loss_scale, 
     assert fp16_verdict_at(model, x, y, loss_scale * lo / 2) == "needs loss scaling"  # underflow below
     assert fp16_verdict_at(model, x, y, loss_scale * hi * 2) == "overflow"            # overflow above
     assert f"from 2^{int(math.log2(lo))} to 2^{int(math.log2(hi))}" in report.to_markdown()
+
+
+def test_no_loss_scale_when_the_gradients_span_more_than_fp16():
+    """2% of the gradients 1e20 times smaller than the rest: lifting them overflows the largest."""
+    x, y = data()
+    report = preflight(mlp(nn.Linear(32, 32), Nudge(1e-20), nn.Tanh()), x, F.cross_entropy, y, formats=("fp16",))
+    assert report.verdicts["fp16"] == "needs loss scaling"
+    assert report.loss_scale is None and "span more than FP16's range" in report.loss_scale_reason
+
+
+def test_no_loss_scale_when_every_gradient_is_zero():
+    model = mlp()
+    x, y = data()
+    report = preflight(model, x, lambda out, t: 0.0 * out.sum(), y, formats=("fp16",))
+    assert report.verdicts["fp16"] == "ok"
+    assert report.loss_scale is None and "zero" in report.loss_scale_reason
