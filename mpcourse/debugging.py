@@ -779,10 +779,17 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
       weights kept in FP32, and they judge *range*, not precision: a model that is "ok" in BF16
       may still lose accuracy to BF16's 8 significant bits.
     - ``culprits``: per format, the modules responsible for its verdict (empty when "ok").
-    - ``loss_scale``: for FP16, ``(lo, hi)``, powers of two, such that every scale in the range
-      keeps the largest gradient at least 2x below FP16's largest value and lifts the median
-      non-zero parameter-gradient magnitude to at least FP16's smallest normal; None where no
-      scale does both, with the reason in ``loss_scale_reason``.
+    - ``loss_scale``: for FP16, ``(lo, hi)``, powers of two: the loss scales ``s`` under which
+      the gradients (output and weight gradients, each multiplied by ``s``) get the FP16 verdict
+      "ok": none of them overflows, and at most 1% of the non-zero ones round to zero. ``lo`` is
+      the smallest such power of two (at ``lo / 2`` more than 1% round to zero) and ``hi`` the
+      largest (at ``2 * hi`` one overflows), both checked by casting the real gradients. So the
+      range and the verdict at scale 1 agree: "needs loss scaling" exactly when ``1 < lo``, "ok"
+      when ``lo <= 1 <= hi``, and a gradient overflow when ``hi < 1`` (a scale below 1 is loss
+      *down*-scaling). ``None`` where no scale works (an activation already overflows FP16 in
+      the forward pass, a gradient is inf/NaN in FP32, every gradient is zero, or the gradients
+      span more than FP16's range), with the reason in ``loss_scale_reason``. ``hi`` has no
+      headroom: a dynamic scaler that doubles the scale probes above it.
 
     Raises ``TypeError`` for a model that is not an ``nn.Module`` or a ``loss_fn`` that is not
     callable, and ``ValueError`` for a model without parameters, an unknown or unsigned format,
@@ -842,7 +849,7 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
             entry[name] = _format_shares(values, fmt)
         return entry, values
 
-    rows, grad_values, param_grads = [], [], []
+    rows, grad_values = [], []
     for name in names:
         seen = activations.get(name)
         if not seen:
@@ -858,7 +865,6 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
         entry, values = row(owner, "weight gradient", grad.detach().flatten(), full_name)
         rows.append(entry)
         grad_values.append(values)
-        param_grads.append(values)
 
     verdicts, culprits = {}, {}
     for name, fmt in fmts.items():
@@ -879,11 +885,11 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
         else:
             verdicts[name], culprits[name] = "ok", []
 
-    loss_scale, reason = _fp16_loss_scale(rows, grad_values, param_grads)
+    loss_scale, reason = _fp16_loss_scale(rows, grad_values)
     return PreflightReport(rows, verdicts, culprits, loss_scale, reason, tuple(fmts))
 
 
-def _fp16_loss_scale(rows, grad_values, param_grads):
+def _fp16_loss_scale(rows, grad_values):
     """(lo, hi) powers of two for FP16 loss scaling, or (None, reason); see :func:`preflight`."""
     fp16 = get_format("fp16")
     # Overflow as round_to counts it (from 65520 on): 65504 <= |x| < 65520 still rounds to 65504.
@@ -892,19 +898,36 @@ def _fp16_loss_scale(rows, grad_values, param_grads):
     if forward:
         return None, (f"the activations of {', '.join(dict.fromkeys(forward))} already overflow "
                       f"FP16 in the forward pass, which no loss scale fixes")
-    largest = max(v[torch.isfinite(v)].abs().max().item() if torch.isfinite(v).any() else math.inf
-                  for v in grad_values)
-    nonzero = torch.cat([v[v != 0].abs() for v in param_grads])
-    if not math.isfinite(largest):
+    grads = torch.cat(grad_values).double()  # times a power of two, exact in float64
+    if not bool(torch.isfinite(grads).all()):
         return None, "a gradient is already inf or NaN in FP32"
-    if not nonzero.numel():
-        return None, "every parameter gradient is zero"
-    median = nonzero.median().item()
-    lo = 2.0 ** math.ceil(math.log2(fp16.min_normal / median))
-    hi = 2.0 ** math.floor(math.log2(fp16.max_value / 2 / largest)) if largest > 0 else math.inf
+    magnitudes = grads[grads != 0].abs().sort().values
+    if not magnitudes.numel():
+        return None, "every gradient is zero"
+
+    def verdict(exponent):  # what the verdict would say of the gradients times 2**exponent
+        shares = _format_shares(magnitudes * 2.0**exponent, fp16)
+        return "overflow" if shares["overflow"] > 0 else "underflow" if shares["underflow"] > 0.01 else "ok"
+
+    # First guesses from the order statistics (FP16 rounds |x| <= 2^-25 to zero and |x| >= 65520
+    # to inf), then both edges confirmed by casting the gradients, as the verdict does.
+    kept = magnitudes[int(0.01 * magnitudes.numel())].item()  # at most 1% below it may be lost
+    lo = math.floor(-25 - math.log2(kept)) + 1
+    hi = math.ceil(math.log2(65520 / magnitudes[-1].item())) - 1
+    while verdict(lo) == "underflow":
+        lo += 1
+    while verdict(lo - 1) != "underflow":
+        lo -= 1
+    while verdict(hi) == "overflow":
+        hi -= 1
+    while verdict(hi + 1) != "overflow":
+        hi += 1
+    largest = magnitudes[-1].item()
     if lo > hi:
-        return None, (f"the largest gradient ({largest:.3g}) and the median parameter gradient "
-                      f"({median:.3g}) are too far apart: a scale that lifts the median to FP16's "
-                      f"smallest normal overflows the largest")
-    return (lo, hi), (f"lifts the median non-zero parameter gradient {median:.3g} to at least "
-                      f"2^-14 and keeps the largest gradient {largest:.3g} at least 2x below 65504")
+        return None, (f"the gradients span more than FP16's range: lifting all but 1% of them above "
+                      f"2^-25 (a scale of at least 2^{lo}) overflows the largest, {largest:.3g}")
+    lost = _format_shares(magnitudes * 2.0**(lo - 1), fp16)["underflow"]
+    return (2.0**lo, 2.0**hi), (
+        f"at 2^{lo} at most 1% of the non-zero gradient elements round to zero in FP16 (at "
+        f"2^{lo - 1}, {lost:.1%}); at 2^{hi} the largest gradient, {largest:.3g}, stays below "
+        f"65520 (at 2^{hi + 1} it overflows)")
