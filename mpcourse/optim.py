@@ -48,7 +48,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from mpcourse.formats import BF16, FP16, round_to
 
 LOW_PRECISION = {torch.float16: FP16, torch.bfloat16: BF16}  # parameter dtypes given FP32 copies
-METHODS = ("kahan", "stochastic")
+METHODS = ("kahan", "stochastic", "nearest")
 
 # Each FP16/BF16 model parameter -> a weak reference to the wrapper whose hook moves its gradient.
 _OWNER = WeakIdKeyDictionary()
@@ -278,6 +278,9 @@ class CompensatedOptimizer(_FP32Copies):
       Being low precision itself, ``c`` keeps only the leading bits of what was dropped, so a
       little is still lost at every step: the pair ``(w, c)`` holds about twice the weight's
       precision, not FP32's.
+    - ``"nearest"``: ``w = round_to(w + u, format of w)``, to nearest even, with nothing kept: the
+      control. It has what the other two have (an FP32 update, FP32 moments) but no compensation,
+      so an update below half the gap at ``w`` is lost, as in pure low-precision training.
 
     What is saved and what is scratch: the FP32 copies are scratch in this teaching emulation (a
     real implementation fuses them away); the optimizer's own state (Adam's ``m`` and ``v``) is
@@ -324,8 +327,10 @@ class CompensatedOptimizer(_FP32Copies):
         with torch.no_grad():
             if self.method == "kahan":
                 self._kahan_sum()
-            else:
+            elif self.method == "stochastic":
                 self._round_stochastically()
+            else:
+                _copy(self.model_params, self.fp32_params)  # w = round_to_nearest_even(w + u)
         self._status["stepped"] = True
         return loss
 

@@ -161,6 +161,35 @@ class LossScaler:
             return None  # skipped: parameters and optimizer state stay exactly as they were
         return optimizer.step(*args, **kwargs)
 
+    def sync_found_inf(self, optimizer, group=None) -> bool:
+        """Agree with the other ranks of ``group`` on whether this step found an inf or NaN.
+
+        Under tensor or pipeline parallelism each rank holds only its shard of the gradients, so
+        one rank can find an inf the others never see. Each would then decide alone: the rank that
+        saw it skips the step and backs off, the others step and keep ``S``, and from then on the
+        shards of one model are trained with different scales and different skipped steps.
+        Megatron-LM all-reduces the flag over the model-parallel group, and FSDP's
+        ``ShardedGradScaler`` over the sharding group; this does the same. Call it after
+        :meth:`unscale_` and before :meth:`step`, on every rank of ``group`` (a
+        ``torch.distributed`` process group; None: the default group). Returns the agreed flag.
+        """
+        import torch.distributed as dist
+
+        state = self._state_of(optimizer, "sync_found_inf")
+        if state.stage != UNSCALED:
+            raise RuntimeError("sync_found_inf() needs unscale_(optimizer) first, and must come "
+                               "before step(): the flag is known after unscaling and used by step")
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("sync_found_inf() needs an initialised torch.distributed process "
+                               "group (init_process_group); in one process there is nothing to sync")
+        on_gpu = dist.get_backend(group) == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        flag = torch.tensor([float(state.found_inf())], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        found = bool(flag.item())
+        state.nonfinite = {device: found}
+        return found
+
     def update(self) -> None:
         """End the step: record it in :attr:`history` and choose the scale for the next step."""
         if not self._optimizers:
@@ -329,3 +358,32 @@ class DynamicLossScaler(LossScaler):
                              f"must lie in [0, growth_interval), _hysteresis_tracker={left} in "
                              f"[0, hysteresis]")
         self._growth_tracker, self._hysteresis_left = growth, left
+
+
+
+def sharded_overflow_run(rank: int, world_size: int, overflow_steps=(3,),
+                         steps: int = 8) -> dict[bool, list[tuple[float, bool]]]:
+    """One rank of a model-parallel job (run it with ``mpcourse.communication.run_workers``).
+
+    Each rank holds a shard of the weights with its own :class:`DynamicLossScaler`; the last rank's
+    gradient is inf at ``overflow_steps``, as when one shard of a layer holds the outlier. The run
+    is done twice: without syncing, and with the ranks agreeing on the flag through
+    :meth:`LossScaler.sync_found_inf`. Returns, for ``sync`` False and True, this rank's
+    ``(scale, step skipped)`` at every step.
+    """
+    runs = {}
+    for sync in (False, True):
+        shard = torch.ones(4, requires_grad=True)
+        optimizer = torch.optim.SGD([shard], lr=0.0)
+        scaler = DynamicLossScaler(init_scale=2.0**16, growth_interval=2)
+        for step in range(steps):
+            optimizer.zero_grad()
+            spike = math.inf if rank == world_size - 1 and step in overflow_steps else 1.0
+            scaler.scale((shard * spike).sum()).backward()
+            scaler.unscale_(optimizer)
+            if sync:
+                scaler.sync_found_inf(optimizer)
+            scaler.step(optimizer)
+            scaler.update()
+        runs[sync] = [(record.scale, record.found_inf) for record in scaler.history]
+    return runs

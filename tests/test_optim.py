@@ -233,6 +233,7 @@ WRAPPERS = {
     "kahan": lambda opt, seed: CompensatedOptimizer(opt, method="kahan"),
     "stochastic": lambda opt, seed: CompensatedOptimizer(
         opt, method="stochastic", generator=torch.Generator().manual_seed(seed)),
+    "nearest": lambda opt, seed: CompensatedOptimizer(opt, method="nearest"),
 }
 
 
@@ -406,6 +407,19 @@ def test_tiny_updates_stall_in_plain_bf16_and_kahan_recovers_them():
     assert plain.item() == 1.0
     assert abs(kahan.item() - exact.item()) <= bf16_gap_below(exact.item())
     assert optimizer.compensation[0].dtype == torch.bfloat16
+
+
+def test_nearest_write_back_stalls_like_plain_bf16_despite_fp32_update_and_moments():
+    steps = 1000
+    nearest, optimizer = sgd_run(lambda opt: CompensatedOptimizer(opt, method="nearest"), steps)
+    assert nearest.item() == 1.0  # each update is below half the gap: rounded away every time
+    assert optimizer.compensation == []
+    model = mlp(torch.bfloat16, seed=0)
+    adam = CompensatedOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), method="nearest")
+    model(torch.randn(8, 6, dtype=torch.bfloat16)).float().pow(2).mean().backward()
+    adam.step()
+    moments = [t for state in adam.state.values() for t in state.values() if torch.is_tensor(t) and t.dim()]
+    assert moments and all(t.dtype == torch.float32 for t in moments)  # the moments are FP32
 
 
 def stochastic_mean_sigma(steps, n):

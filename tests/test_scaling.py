@@ -489,3 +489,29 @@ def test_load_state_dict_with_missing_or_bad_keys():
 def test_matches_gradscaler_on_cuda():
     run_side_by_side(DynamicLossScaler(growth_interval=2), torch.amp.GradScaler(
         "cuda", growth_interval=2), "adam", plan=PLAN, device="cuda")
+
+
+# --- model parallelism: every rank agrees on found_inf ------------------------------------------
+
+def test_unsynced_ranks_drift_apart_and_synced_ones_agree():
+    from mpcourse.communication import run_workers
+    from mpcourse.scaling import sharded_overflow_run
+    ranks = run_workers(sharded_overflow_run, 2, backend="gloo")
+    unsynced, synced = [rank[False] for rank in ranks], [rank[True] for rank in ranks]
+    assert [skipped for _, skipped in unsynced[0]] == [False] * 8  # rank 0 never saw the inf
+    assert [skipped for _, skipped in unsynced[1]][3] is True
+    assert unsynced[0][-1][0] != unsynced[1][-1][0]             # scales drifted apart
+    assert synced[0] == synced[1]                               # the same scales and skips
+    assert [skipped for _, skipped in synced[0]] == [s == 3 for s in range(8)]
+
+
+def test_sync_found_inf_needs_unscale_first_and_a_process_group():
+    weight = torch.ones(2, requires_grad=True)
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    scaler = DynamicLossScaler()
+    scaler.scale(weight.sum()).backward()
+    with pytest.raises(RuntimeError, match="unscale_"):
+        scaler.sync_found_inf(optimizer)
+    scaler.unscale_(optimizer)
+    with pytest.raises(RuntimeError, match="process group"):
+        scaler.sync_found_inf(optimizer)
