@@ -81,15 +81,16 @@ def _nonfinite(seen, session):
                        f"{value} (e.g. a division by sqrt(v) + eps where eps rounds to 0)")
         found.append(finding("nonfinite", "error", f"{message}; first seen in watched step {step}",
                              f"{first['phase']}: {where}"))
-    if seen.scaled_overflows:
-        every = seen.scaled_overflows >= seen.scaled_backwards and seen.steps == 0
+    if seen.skipped or seen.scaled_overflows:
+        every = seen.skipped == seen.scaler_steps
+        first = (f"first seen in the gradient of {seen.overflow_where}" if seen.overflow_where
+                 else "in a parameter's gradient")
         found.append(finding(
             "nonfinite", "warning" if every else "info",
-            f"{seen.scaled_overflows} of {seen.scaled_backwards} scaled backward passes overflowed "
-            f"(first at the gradient of {seen.overflow_where}) and the scaler skipped "
-            f"{seen.skipped} step{'s' if seen.skipped != 1 else ''}"
-            + (": no step was taken at all" if every else
-               ": normal while a dynamic scale settles"), f"backward: {seen.overflow_where}"))
+            f"the scaler skipped {seen.skipped} of {seen.scaler_steps} steps: the scaled gradients "
+            f"overflowed ({first}) while the forward pass was finite"
+            + (": no step was taken at all" if every else ": normal while a dynamic scale settles"),
+            f"backward: {seen.overflow_where or 'parameter gradients'}"))
     return found
 
 

@@ -77,7 +77,8 @@ class Observations:
     """What happened in the watched steps; :mod:`mpcourse.doctor.diagnosis` reads it."""
 
     steps: int = 0  # optimizer steps taken (skipped ones not counted)
-    skipped: int = 0  # scaler.step calls that skipped the step (inf/NaN gradients)
+    scaler_steps: int = 0  # scaler.step calls on the watched optimizer
+    skipped: int = 0  # of which skipped the step (inf/NaN gradients)
     backwards: int = 0
     scaled_backwards: int = 0
     scaled_overflows: int = 0  # scaled backwards that produced an inf/NaN gradient
@@ -226,7 +227,9 @@ class Session:
         return self._names.get(id(p), f"a {tuple(p.shape)} parameter")
 
     def _nonfinite(self, phase: str, where: str, kind: str, origin: str):
-        if phase == "backward" and self._backward:  # a scaled gradient overflowed: the scaler's job
+        # In the backward of a scaled loss an inf is an overflow the scaler handles, and a NaN
+        # after it (inf - inf, 0 * inf) its consequence; a NaN first is born there, a real error.
+        if phase == "backward" and self._backward and (kind == "inf" or self._overflow):
             self._overflow = True
             self.seen.overflow_where = self.seen.overflow_where or where
         elif self.seen.first_nonfinite is None:
@@ -422,7 +425,10 @@ class Session:
                 if not state["scaled"]:
                     self._misuse(where, "unscale_() without scale() since the last update(): the "
                                  "gradients were never multiplied by the scale, yet are divided by it")
-                if id(optimizer) in state["unscaled"]:
+                if id(optimizer) in state["stepped"]:
+                    self._misuse(where, "unscale_() after step() with no update() between: "
+                                 "update() was skipped, so the scale never adapts")
+                elif id(optimizer) in state["unscaled"]:
                     self._misuse(where, "unscale_() called twice for one optimizer in one step: "
                                  "the second call would divide the gradients by the scale again")
                 state["unscaled"].add(id(optimizer))
@@ -451,8 +457,9 @@ class Session:
                 return original(scaler, optimizer, *args, **kwargs)
             finally:
                 self._in_scaler_step -= 1
-                if optimizer is self.optimizer and self.seen.steps == steps:
-                    self.seen.skipped += 1
+                if optimizer is self.optimizer:
+                    self.seen.scaler_steps += 1
+                    self.seen.skipped += self.seen.steps == steps
         return step
 
     def _wrap_scaler_update(self, original):
