@@ -433,6 +433,41 @@ def test_eps_underflow(device):
     assert "eps-underflow" not in codes(report)
 
 
+def dead_first_input(model, optimizer, device):
+    """An FP16 Adam loop whose first input is always 0: no gradient reaches 0.weight[:, 0]."""
+    def step(i):
+        x, y = batch(i, device, dtype=torch.float16)
+        x[:, 0] = 0
+        optimizer.zero_grad()
+        F.cross_entropy(model(x).float(), y).backward()
+        optimizer.step()
+    return step
+
+
+@pytest.mark.parametrize("width", [8, 24])
+def test_a_nan_born_in_the_optimizer_step(width, device):
+    """Adam in FP16 with eps=1e-8 (0 in FP16): where v = 0 the update is 0 / (0 + 0)."""
+    model = mlp(1, width, dtype=torch.float16, device=device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-8)
+    report = watched(model, optimizer, None, dead_first_input(model, optimizer, device), steps=2)
+    found = nonfinite(report)
+    assert len(found) == 1 and found[0].where == "optimizer: 0.weight"
+    assert {"eps-underflow", "nonfinite"} <= codes(report, "error")
+    model = mlp(1, width, dtype=torch.float16, device=device)
+    optimizer = MasterWeightOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-8))
+    report = watched(model, optimizer, None, dead_first_input(model, optimizer, device), steps=2)
+    assert not {"eps-underflow", "nonfinite"} & codes(report)
+
+
+def test_an_eps_that_outweighs_the_squared_gradients(device):
+    model = mlp(1, 8, dtype=torch.float16, device=device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-2)
+    report = watched(model, optimizer, None, dead_first_input(model, optimizer, device), steps=2)
+    found = [f for f in report.findings if f.code == "eps-underflow"]
+    assert [f.severity for f in found] == ["warning"] and "outweighs sqrt(v)" in found[0].message
+    assert found[0].where == "optimizer.param_groups[0]"
+
+
 def test_half_batchnorm(device):
     def model_with_bn():
         return mlp(2, 8, device=device, extra=(nn.BatchNorm1d(8),))
