@@ -552,6 +552,29 @@ def test_a_scaler_that_was_not_passed_is_named_and_still_followed(device):
     assert "fp16-without-scaling" not in codes(report)
 
 
+class LoggingScaler(torch.amp.GradScaler):
+    """A subclass that overrides the scaler's methods and calls super(), as ShardedGradScaler does."""
+    def scale(self, outputs):
+        return super().scale(outputs)
+
+    def unscale_(self, optimizer):
+        return super().unscale_(optimizer)
+
+    def update(self, new_scale=None):
+        return super().update(new_scale)
+
+
+@pytest.mark.parametrize("clip", ["after", "before"])
+def test_a_scaler_subclass_is_followed_once_per_call(clip, device):
+    model = mlp(2, 8, device=device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = LoggingScaler(device.type, init_scale=2.0**10)
+    before = dict(vars(LoggingScaler))
+    report = watched(model, optimizer, scaler, amp_loop(model, optimizer, scaler, device, clip=clip))
+    assert serious(report) == ({"clip-before-unscale"} if clip == "before" else set()), str(report)
+    assert dict(vars(LoggingScaler)) == before
+
+
 # --- the report -----------------------------------------------------------------------------------
 
 def test_the_report_in_text_and_markdown():

@@ -181,7 +181,7 @@ class Session:
         self._scalers = {}  # id(scaler) -> what it did since its last update()
         self._scaled_outputs = []  # tensors scale() returned, not yet backwarded
         self._pending = False  # scaled gradients not yet unscaled
-        self._in_scaler_step = 0
+        self._in_scaler = 0  # depth of watched scaler calls
         self._backward = None  # None outside a watched backward, else: is its loss scaled?
         self._overflow = False
         self._labels = {}  # id(tensor) -> (weakref, [label]) for the gradient hooks
@@ -209,9 +209,13 @@ class Session:
                 self._patch(owner, name, functools.partial(self._wrap_clip, name=name))
         for name in LOSS_FUNCTIONS:
             self._patch(torch.nn.functional, name, functools.partial(self._wrap_loss, name=name))
-        for cls in (GradScaler, LossScaler):
+        # The two scaler classes, and any subclass of them the passed scaler's class defines these
+        # methods in (torch's ShardedGradScaler overrides them).
+        classes = [cls for cls in type(self.scaler).__mro__ if issubclass(cls, (GradScaler, LossScaler))]
+        for cls in dict.fromkeys([GradScaler, LossScaler, *classes]):
             for name in ("scale", "unscale_", "step", "update"):
-                self._patch(cls, name, getattr(self, f"_wrap_scaler_{name.rstrip('_')}"))
+                if name in vars(cls):
+                    self._patch(cls, name, getattr(self, f"_wrap_scaler_{name.rstrip('_')}"))
 
     def _patch(self, owner, name: str, make):
         original = getattr(owner, name)
@@ -414,14 +418,24 @@ class Session:
         return state
 
     def _watching(self, scaler) -> bool:
-        return self._active and self._in_scaler_step == 0 and _enabled(scaler)
+        """Record this call? Not a call made inside another scaler method (GradScaler.step calls
+        unscale_, a subclass calls super()), nor one of a disabled GradScaler."""
+        return self._active and self._in_scaler == 0 and _enabled(scaler)
+
+    def _inside(self, call):
+        self._in_scaler += 1
+        try:
+            return call()
+        finally:
+            self._in_scaler -= 1
 
     def _wrap_scaler_scale(self, original):
         def scale(scaler, outputs):
-            result = original(scaler, outputs)
-            if self._watching(scaler):
-                self._scaler_state(scaler)["scaled"] = True
-                self._scaled_outputs.extend(_tensors(result))
+            if not self._watching(scaler):
+                return original(scaler, outputs)
+            result = self._inside(lambda: original(scaler, outputs))
+            self._scaler_state(scaler)["scaled"] = True
+            self._scaled_outputs.extend(_tensors(result))
             return result
         return scale
 
@@ -441,6 +455,7 @@ class Session:
                                  "the second call would divide the gradients by the scale again")
                 state["unscaled"].add(id(optimizer))
                 self._pending = False
+                return self._inside(lambda: original(scaler, optimizer))
             return original(scaler, optimizer)
         return unscale_
 
@@ -460,11 +475,9 @@ class Session:
             state["unscaled"].add(id(optimizer))
             self._pending = False
             steps = self.seen.steps
-            self._in_scaler_step += 1
             try:
-                return original(scaler, optimizer, *args, **kwargs)
+                return self._inside(lambda: original(scaler, optimizer, *args, **kwargs))
             finally:
-                self._in_scaler_step -= 1
                 if optimizer is self.optimizer:
                     self.seen.scaler_steps += 1
                     self.seen.skipped += self.seen.steps == steps
@@ -480,6 +493,7 @@ class Session:
                                  "optimizer step, after scaler.step(optimizer)")
                 state.update(scaled=False, unscaled=set(), stepped=set())
                 self._scaled_outputs.clear()
+                return self._inside(lambda: original(scaler, *args, **kwargs))
             return original(scaler, *args, **kwargs)
         return update
 
@@ -488,7 +502,7 @@ class Session:
     def _before_step(self, optimizer, args, kwargs):
         if not self._active:
             return
-        if self._in_scaler_step == 0:
+        if self._in_scaler == 0:  # not called by scaler.step(optimizer)
             if self._pending:
                 self._misuse("optimizer.step()", "the optimizer stepped on gradients still "
                              "multiplied by the loss scale: scaler.step(optimizer) was bypassed")
