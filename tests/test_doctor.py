@@ -153,13 +153,16 @@ def test_the_course_trainer_has_no_error_or_warning(precision, device, tmp_path)
 # --- each code: the broken loop produces it, the corrected loop does not ------------------------
 
 def regression_step(model, optimizer, device, scaler=None):
-    """Targets close to the model's own output: small errors, so FP16 gradients are tiny."""
+    """Targets close to the model's own output: small errors, so FP16 gradients are tiny. FP16
+    computation comes from autocast (FP32 model) or from the model's own FP16 weights."""
+    dtype = next(model.parameters()).dtype
+
     def step(i):
-        x, _ = batch(i, device, n=64)
+        x, _ = batch(i, device, n=64, dtype=dtype)
         with torch.no_grad():
-            target = model(x) + 1e-3
+            target = model(x).float() + 1e-3
         optimizer.zero_grad()
-        with torch.autocast(device.type, dtype=torch.float16):
+        with torch.autocast(device.type, dtype=torch.float16, enabled=dtype == torch.float32):
             loss = F.mse_loss(model(x).float(), target)
         if scaler is None:
             loss.backward()
@@ -171,19 +174,44 @@ def regression_step(model, optimizer, device, scaler=None):
     return step
 
 
+def fp16_setup(shape, how, device):
+    if how == "autocast":
+        model = mlp(*shape, device=device)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+    model = mlp(*shape, device=device, dtype=torch.float16)
+    return model, MasterWeightOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+@pytest.mark.parametrize("how", ["autocast", "fp16 weights"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_fp16_without_scaling_counts_the_underflowing_gradients(shape, device):
-    model = mlp(*shape, device=device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+def test_fp16_without_scaling_counts_the_underflowing_gradients(shape, how, device):
+    model, optimizer = fp16_setup(shape, how, device)
     report = watched(model, optimizer, None, regression_step(model, optimizer, device))
     found = [f for f in report.findings if f.code == "fp16-without-scaling"]
     assert [f.severity for f in found] == ["warning"]
-    assert " of " in found[0].message and "2**-14" in found[0].message
-    model = mlp(*shape, device=device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    counted = re.search(r"(\d+) of (\d+) FP16 gradient values", found[0].message)
+    assert 0 < int(counted[1]) <= int(counted[2]) and "2**-14" in found[0].message
+    model, optimizer = fp16_setup(shape, how, device)
     scaler = torch.amp.GradScaler(device.type, init_scale=2.0**12)
     report = watched(model, optimizer, scaler, regression_step(model, optimizer, device, scaler))
     assert "fp16-without-scaling" not in codes(report), str(report)
+
+
+def test_the_underflow_count_matches_an_independent_count(device):
+    """One Linear layer: the only FP16 gradient is the one of its output, kept by retain_grad."""
+    torch.manual_seed(0)
+    model = nn.Linear(6, 3).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(256, 6, device=device)
+    with doctor.watch(model, optimizer) as session:
+        with torch.autocast(device.type, dtype=torch.float16):
+            out = model(x)
+        out.retain_grad()
+        F.mse_loss(out.float(), out.detach().float() + 1e-3 * torch.randn_like(out.float())).backward()
+        optimizer.step()
+    tiny = int(((out.grad != 0) & (out.grad.abs() < 2.0**-14)).sum())
+    found = [f for f in session.report().findings if f.code == "fp16-without-scaling"]
+    assert tiny > 0 and f"{tiny} of {out.grad.numel()} FP16 gradient values" in found[0].message
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -675,7 +703,8 @@ def final_state(setup, device, watch: bool, steps=4):
             loop(i)
     return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
-            "rng": torch.get_rng_state(), "grads": [p.grad for p in model.parameters()]}
+            "rng": torch.get_rng_state(), "grads": [p.grad for p in model.parameters()],
+            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
 
 
 @pytest.mark.parametrize("setup", SETUPS)

@@ -26,6 +26,11 @@ def _fp16_without_scaling(seen, session):
                     f"flushed to 0)", seen.fp16_subnormal_where)]
 
 
+def _names(names: list, most: int = 4) -> str:
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
 def _half_params(seen, session):
     found = []
     for group, params in seen.rounded.items():
@@ -37,7 +42,7 @@ def _half_params(seen, session):
             "half-params-without-masters", "error" if share > STALL else "warning",
             f"the optimizer steps {formats} parameters directly, with no FP32 master copy: "
             f"{rounded} of {updates} updates ({share:.1%}) rounded away, leaving the weight "
-            f"unchanged", f"optimizer.{group}: {', '.join(params)}"))
+            f"unchanged", f"optimizer.{group}: {_names(list(params))}"))
     return found
 
 
