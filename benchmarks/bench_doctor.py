@@ -96,9 +96,11 @@ def main():
     shapes = shapes[:1] if args.quick else shapes
     repeats = 3 if args.quick else args.repeats
     loops = {"AMP FP16 + GradScaler": amp_fp16, "BF16 + MasterWeightOptimizer": bf16_masters}
-    print(f"device: {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}), "
-          f"torch {torch.__version__}, median of {repeats} repeats x {args.steps} steps")
-    print(f"{'loop':30} {'depth x width, batch':>22} {'unwatched ms':>13} {'watched ms':>11} {'ratio':>6}")
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"device: {device} ({card}), torch {torch.__version__}, "
+          f"median of {repeats} repeats x {args.steps} steps")
+    print(f"{'loop':30} {'depth x width, batch':>22} {'unwatched ms':>13} {'watched ms':>11} "
+          f"{'ratio':>6}")
     for (name, loop), shape in tqdm([(item, s) for item in loops.items() for s in shapes],
                                     desc="cases", leave=False):
         plain, watched = ratio(loop, shape, device, repeats, args.steps)

@@ -45,7 +45,8 @@ def mlp(depth=2, width=16, dtype=torch.float32, device="cpu", seed=0, extra=()):
 
 def batch(step, device="cpu", n=16, dtype=torch.float32):
     g = torch.Generator().manual_seed(step)
-    return torch.randn(n, 6, generator=g).to(device, dtype), torch.randint(0, 3, (n,), generator=g).to(device)
+    x, y = torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+    return x.to(device, dtype), y.to(device)
 
 
 def serious(report) -> set:
@@ -91,7 +92,8 @@ def plain_loop(model, optimizer, device, autocast=None, to_float=True, dtype=tor
     def step(i):
         x, y = batch(i, device, dtype=dtype)
         optimizer.zero_grad()
-        with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        with torch.autocast(device.type, dtype=autocast or torch.bfloat16,
+                            enabled=autocast is not None):
             logits = model(x)
         F.cross_entropy(logits.float() if to_float else logits, y).backward()
         optimizer.step()
@@ -246,7 +248,8 @@ def test_clip_before_unscale(scaler_kind, device):
     model = mlp(2, 16, device=device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = SCALERS[scaler_kind](device)
-    report = watched(model, optimizer, scaler, amp_loop(model, optimizer, scaler, device, clip="before"))
+    loop = amp_loop(model, optimizer, scaler, device, clip="before")
+    report = watched(model, optimizer, scaler, loop)
     assert "clip-before-unscale" in codes(report, "error")
     assert not report.ok
     assert "clip-before-unscale" not in codes(
@@ -432,7 +435,8 @@ def test_scaled_overflows_that_the_scaler_skips_are_information(device):
     scaler = torch.amp.GradScaler(device.type, init_scale=2.0**40, backoff_factor=2.0**-20)
     report = watched(model, optimizer, scaler, amp_loop(model, optimizer, scaler, device), steps=4)
     found = [f for f in report.findings if f.code == "nonfinite"]
-    assert [f.severity for f in found] == ["info"] and re.search("skipped [123] of 4 steps", found[0].message)
+    assert [f.severity for f in found] == ["info"]
+    assert re.search("skipped [123] of 4 steps", found[0].message)
     assert report.ok
 
 
@@ -573,8 +577,8 @@ def test_a_scaler_that_was_not_passed_is_named_and_still_followed(device):
     model = mlp(1, 8, device=device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler(device.type)
-    report = watched(model, optimizer, scaler, amp_loop(model, optimizer, scaler, device, clip="before"),
-                     passed=None)
+    loop = amp_loop(model, optimizer, scaler, device, clip="before")
+    report = watched(model, optimizer, scaler, loop, passed=None)
     assert "unwatched-scaler" in codes(report, "info")
     assert "clip-before-unscale" in codes(report, "error")
     assert "fp16-without-scaling" not in codes(report)
@@ -636,7 +640,8 @@ ORIGINALS = {"backward": torch.Tensor.backward, "save": torch.save,
 
 def assert_nothing_left(model, optimizer):
     assert torch.Tensor.backward is ORIGINALS["backward"] and torch.save is ORIGINALS["save"]
-    assert nn.utils.clip_grad_norm_ is ORIGINALS["clip"] and F.cross_entropy is ORIGINALS["cross_entropy"]
+    assert nn.utils.clip_grad_norm_ is ORIGINALS["clip"]
+    assert F.cross_entropy is ORIGINALS["cross_entropy"]
     assert dict(vars(torch.amp.GradScaler)) == ORIGINALS["GradScaler"]
     assert dict(vars(DynamicLossScaler.__mro__[1])) == ORIGINALS["LossScaler"]
     for module in model.modules():
@@ -648,8 +653,8 @@ def assert_nothing_left(model, optimizer):
 def same(a, b):
     """Equal bit for bit: tensors by their bytes, containers element by element."""
     if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8)
-                                                                          if a.dim() else a, b.view(torch.uint8) if b.dim() else b)
+        bits = (lambda t: t.view(torch.uint8) if t.dim() else t)
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):

@@ -28,8 +28,8 @@ For example, an FP16 model stepped by AdamW with no master weights:
 False
 >>> sorted({f.code for f in report.findings if f.severity == "error"})
 ['eps-underflow', 'half-loss']
->>> print(report.findings[0].fix)
-Compute the loss in FP32: under torch.autocast pass the logits straight to the loss, or call loss_fn(logits.float(), target) when the model runs in FP16/BF16.
+>>> report.findings[0].where, report.findings[0].guide
+('torch.nn.functional.cross_entropy', 'fg-half-loss')
 
 Each :class:`Finding` comes from what happened in the watched steps (the hooks and wrappers are
 listed in :mod:`mpcourse.doctor.watching`), never from names. The codes:

@@ -211,7 +211,8 @@ class Session:
             self._patch(torch.nn.functional, name, functools.partial(self._wrap_loss, name=name))
         # The two scaler classes, and any subclass of them the passed scaler's class defines these
         # methods in (torch's ShardedGradScaler overrides them).
-        classes = [cls for cls in type(self.scaler).__mro__ if issubclass(cls, (GradScaler, LossScaler))]
+        classes = [cls for cls in type(self.scaler).__mro__
+                   if issubclass(cls, (GradScaler, LossScaler))]
         for cls in dict.fromkeys([GradScaler, LossScaler, *classes]):
             for name in ("scale", "unscale_", "step", "update"):
                 if name in vars(cls):
