@@ -126,6 +126,49 @@ def test_a_correct_bf16_loop_with_fp32_copies_has_no_error_or_warning(method, sh
     assert serious(report) == set(), str(report)
 
 
+@pytest.mark.parametrize("scaler_kind", ["GradScaler", "DynamicLossScaler"])
+def test_fp16_weights_with_masters_and_a_scaler_have_no_error_or_warning(scaler_kind, device):
+    """The README's loop: an FP16 model, FP32 masters, a loss scaler, the loss in FP32."""
+    model = mlp(2, 16, dtype=torch.float16, device=device)
+    optimizer = MasterWeightOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    scaler = SCALERS[scaler_kind](device)
+
+    def step(i):
+        x, y = batch(i, device, dtype=torch.float16)
+        optimizer.zero_grad()
+        scaler.scale(F.cross_entropy(model(x).float(), y)).backward()
+        scaler.unscale_(optimizer)
+        nn.utils.clip_grad_norm_(optimizer.master_params(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+
+    report = watched(model, optimizer, scaler, step)
+    assert serious(report) == set(), str(report)
+
+
+@pytest.mark.parametrize("scaler_kind", SCALERS)
+def test_gradient_accumulation_with_a_scaler_has_no_error_or_warning(scaler_kind, device):
+    """Four micro-batches: scale and backward each, then unscale_, step and update once."""
+    model = mlp(3, 8, device=device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = SCALERS[scaler_kind](device)
+
+    def step(i):
+        x, y = batch(i, device)
+        optimizer.zero_grad()
+        for xs, ys in zip(x.chunk(4), y.chunk(4)):
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = F.cross_entropy(model(xs), ys) / 4
+            scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+
+    report = watched(model, optimizer, scaler, step)
+    assert serious(report) == set(), str(report)
+
+
 @pytest.mark.parametrize("autocast", [torch.bfloat16, torch.float16, None])
 def test_fp32_params_under_autocast_are_not_half_params(autocast, device):
     model = mlp(3, 8, device=device)
