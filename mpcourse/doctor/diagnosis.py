@@ -73,7 +73,8 @@ def _nonfinite(seen, session):
         elif first["phase"] == "forward":
             cause = ("an overflow: a value beyond the format's largest number" if value == "inf"
                      else "NaN from finite inputs and weights (inf - inf, 0 * inf, or 0/0)")
-            message = f"the forward pass of {where} produced {value} from finite inputs: {cause}"
+            message = (f"the forward pass of module {where} produced {value} from finite inputs: "
+                       f"{cause}")
         elif first["phase"] == "backward":
             born = ("in the loss's backward (between the loss and the model's output)"
                     if where == "the model's output" else
@@ -148,10 +149,15 @@ def _emulated_bf16(seen, session):
 
 
 def _checkpoint(seen, session):
+    missing = seen.saves_without_scaler
+    if not missing:
+        return []
+    calls = _names([str(n) for n in missing])
     return [finding("checkpoint-without-scaler", "error",
-                    "a checkpoint of the model or optimizer was saved while a dynamic loss scaler "
-                    "was in use, without the scaler's state_dict: a resume restarts the scale and "
-                    "its growth counter", call) for call in seen.saves]
+                    f"{len(missing)} of {seen.saves} torch.save calls saved the model or optimizer "
+                    f"while a dynamic loss scaler was in use, without the scaler's state_dict: a "
+                    f"resume restarts the scale and its growth counter",
+                    f"torch.save (call{'s' if len(missing) > 1 else ''} {calls})")]
 
 
 def _tf32(seen, session):

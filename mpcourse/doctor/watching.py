@@ -97,7 +97,8 @@ class Observations:
     devices: set = field(default_factory=set)  # device types the model computed on
     clips: list = field(default_factory=list)  # clip calls on still-scaled gradients
     misuse: dict = field(default_factory=dict)  # (where, message) -> times
-    saves: list = field(default_factory=list)  # torch.save calls missing the scaler's state
+    saves: int = 0  # torch.save calls during the session
+    saves_without_scaler: list = field(default_factory=list)  # numbers of the calls missing it
     unwatched_scalers: list = field(default_factory=list)  # types of scalers used but not passed
     raised: bool = False
 
@@ -369,6 +370,7 @@ class Session:
     def _wrap_save(self, original):
         def save(obj, *args, **kwargs):
             if self._active:
+                self.seen.saves += 1
                 self._check_save(obj)
             return original(obj, *args, **kwargs)
         return save
@@ -401,7 +403,7 @@ class Session:
 
         walk(obj, 0)
         if found["training"] and not found["scaler"]:
-            self.seen.saves.append(f"torch.save call during watched step {self.seen.steps + 1}")
+            self.seen.saves_without_scaler.append(self.seen.saves)
 
     # --- the scaler's methods (any instance of the two classes) ----------------------------------
 
