@@ -50,7 +50,8 @@ def _clip_before_unscale(seen, session):
     return [finding("clip-before-unscale", "error",
                     f"gradients were clipped while still multiplied by the loss scale "
                     f"({len(seen.clips)} time{'s' if len(seen.clips) > 1 else ''}): max_norm was "
-                    f"compared with the scaled norm, so almost every step was clipped hard", call)
+                    f"compared with S times the true norm, so after unscaling a clipped gradient's "
+                    f"norm is at most max_norm / S", call)
             for call in dict.fromkeys(seen.clips)]
 
 
