@@ -274,6 +274,25 @@ def test_half_params_without_masters(dtype, opt, device):
     assert "half-params-without-masters" not in codes(report)
 
 
+@pytest.mark.parametrize("lr", [1e-3, 3e-2])
+def test_the_rounded_away_share_matches_an_independent_count(lr, device):
+    """Plain SGD on BF16 weights: w - lr * g computed in FP32 and rounded once to BF16 (as torch
+    does) is the reference; an update rounded away leaves w unchanged where g != 0."""
+    model = mlp(2, 16, dtype=torch.bfloat16, device=device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    with doctor.watch(model, optimizer) as session:
+        x, y = batch(0, device, dtype=torch.bfloat16)
+        F.cross_entropy(model(x).float(), y).backward()
+        params = list(model.parameters())
+        expected = [(p.float() - lr * p.grad.float()).bfloat16() for p in params]
+        kept = sum(int(((e == p) & (p.grad != 0)).sum()) for e, p in zip(expected, params))
+        moved = sum(int((p.grad != 0).sum()) for p in params)
+        optimizer.step()
+    assert all(torch.equal(e, p) for e, p in zip(expected, params))  # the reference is torch's
+    found = [f for f in session.report().findings if f.code == "half-params-without-masters"]
+    assert 0 < kept < moved and f"{kept} of {moved} updates" in found[0].message
+
+
 def test_pure_bf16_adamw_stall_is_an_error(device):
     """Weights near 1 and lr=1e-4: every update is below half BF16's spacing (2**-8)."""
     model = mlp(1, 8, dtype=torch.bfloat16, device=device)
@@ -541,6 +560,24 @@ def test_an_eps_that_outweighs_the_squared_gradients(device):
     found = [f for f in report.findings if f.code == "eps-underflow"]
     assert [f.severity for f in found] == ["warning"] and "outweighs sqrt(v)" in found[0].message
     assert found[0].where == "optimizer.param_groups[0]"
+
+
+def test_half_batchnorm_in_a_cnn(device):
+    model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(4 * 5 * 5, 3)).to(device, torch.float16)
+    optimizer = MasterWeightOptimizer(torch.optim.SGD(model.parameters(), lr=0.01))
+    scaler = DynamicLossScaler(2.0**8)
+
+    def step(i):
+        x, y = torch.randn(8, 2, 5, 5, device=device).half(), torch.randint(0, 3, (8,), device=device)
+        optimizer.zero_grad()
+        scaler.scale(F.cross_entropy(model(x).float(), y)).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    report = watched(model, optimizer, scaler, step)
+    assert [(f.code, f.where) for f in report.findings if f.severity != "info"] == \
+        [("half-batchnorm", "1")]
 
 
 def test_half_batchnorm(device):

@@ -23,7 +23,8 @@ def _fp16_without_scaling(seen, session):
                     f"backward ran through FP16 without loss scaling: {seen.fp16_subnormal} of "
                     f"{seen.fp16_grad_values} FP16 gradient values ({share:.1%}) fell below FP16's "
                     f"smallest normal number 2**-14 = 6.1e-5 (subnormal: fewer bits, the smallest "
-                    f"flushed to 0)", seen.fp16_subnormal_where)]
+                    f"flushed to 0)", f"loss.backward(): first the gradient of "
+                                       f"{seen.fp16_subnormal_where}")]
 
 
 def _names(names: list, most: int = 4) -> str:
