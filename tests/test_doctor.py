@@ -500,6 +500,11 @@ def test_scaled_overflows_that_the_scaler_skips_are_information(device):
     assert [f.severity for f in found] == ["info"]
     assert re.search("skipped [123] of 4 steps", found[0].message)
     assert report.ok
+    # A scale that never comes down far enough: every step skipped is a warning.
+    scaler = DynamicLossScaler(2.0**100, backoff_factor=0.99)
+    report = watched(model, optimizer, scaler, amp_loop(model, optimizer, scaler, device))
+    found = [f for f in report.findings if f.code == "nonfinite"]
+    assert [f.severity for f in found] == ["warning"] and "skipped 3 of 3 steps" in found[0].message
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -90,7 +90,7 @@ def _nonfinite(seen, session):
         found.append(finding("nonfinite", "error", f"{message}; first seen in watched step {step}",
                              f"{first['phase']}: {where}"))
     if seen.skipped or seen.scaled_overflows:
-        every = seen.skipped == seen.scaler_steps
+        every = seen.scaler_steps > 0 and seen.skipped == seen.scaler_steps
         first = (f"first seen in the gradient of {seen.overflow_where}" if seen.overflow_where
                  else "in a parameter's gradient")
         found.append(finding(
