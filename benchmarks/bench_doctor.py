@@ -6,6 +6,9 @@ timer inside it) run in turn, so a slow spell of the machine hits both alike; th
 median watched step time / the median unwatched step time, measured side by side in one run.
 
     python benchmarks/bench_doctor.py [--device cpu] [--repeats 7] [--steps 5] [--quick]
+
+On a CPU shared with other work, ``OMP_NUM_THREADS=1`` steadies the timings: with torch's
+threads contending for the cores, single steps there varied from 1 to 200 ms.
 """
 import argparse
 import statistics
