@@ -2,9 +2,10 @@
 
 While a :class:`Session` is entered it holds, and on leaving (even by an exception) removes:
 
-- a forward pre-hook and a forward hook on every module of the model (inputs, weights and
-  outputs checked for inf/NaN; output dtypes; BatchNorm buffers), and a gradient hook on every
-  non-leaf tensor a module receives, so that backward can be followed module by module;
+- a forward pre-hook and a forward hook on every module of the model (inf/NaN checked in the
+  model's inputs, in each module's weights at its first forward pass and in every module's
+  outputs; output dtypes; BatchNorm buffers), and a gradient hook on every non-leaf tensor a
+  module receives and on the model's output, so that backward can be followed module by module;
 - a step pre-hook and post-hook on the torch optimizer (the inner one of a
   ``MasterWeightOptimizer`` / ``CompensatedOptimizer``): gradients, weights and state around
   each step;
@@ -14,9 +15,10 @@ While a :class:`Session` is entered it holds, and on leaving (even by an excepti
   ``scale`` / ``unscale_`` / ``step`` / ``update`` of ``torch.amp.GradScaler`` and of
   :class:`mpcourse.scaling.LossScaler` (so a scaler that was not passed is seen too).
 
-Every recording only reads tensors (``isfinite``, comparisons, clones) and draws no random
-numbers, so a watched run is bit for bit the unwatched one. Functions imported by name before the
-session (``from torch.nn.utils import clip_grad_norm_``) are not seen: they bypass the wrappers.
+Every recording only reads tensors (sums, comparisons, clones) and draws no random numbers, so a
+watched run is bit for bit the unwatched one. Not seen: functions imported by name before the
+session (``from torch.nn.utils import clip_grad_norm_`` bypasses the wrappers), gradients taken
+with ``torch.autograd.grad``, and the overridden methods of a scaler subclass that was not passed.
 """
 from __future__ import annotations
 
