@@ -52,6 +52,7 @@ check-exhaustive: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_round_to.py
 	$(BIN)/python benchmarks/bench_optim.py
+	$(BIN)/python benchmarks/bench_doctor.py
 
 # Retrains the pre-trained model shipped in mpcourse/weights/ (deterministic, a few seconds).
 pretrained: $(STAMP)

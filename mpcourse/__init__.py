@@ -15,13 +15,15 @@ Modules:
     debugging -- find where precision fails: tensor_stats, PrecisionDebugger (first inf/NaN by
                 module and pass), gradient_table, compare_layer_outputs
     display  -- computed Markdown tables, and library source shown in the book
+    doctor   -- watch(model, optimizer, scaler) around real training steps: every mixed-precision
+                mistake in them, with its fix
     claims   -- claim(sentence, holds): the check that keeps a sentence of the book true
     scaling  -- loss scaling: StaticLossScaler, DynamicLossScaler (step for step torch's GradScaler)
     training -- the practical recipe: MixedPrecisionTrainer (FP32/FP16/BF16/FP8, accumulation,
                 clipping, bit-identical checkpoints), select_precision
     workloads -- small real models and data (digits, a tiny transformer), the pre-trained model
 """
-from mpcourse import bench, claims, communication, debugging, display, formats, fp8, numerics, optim, plotting, scaling, training, workloads
+from mpcourse import bench, claims, communication, debugging, display, doctor, formats, fp8, numerics, optim, plotting, scaling, training, workloads
 
 
 def _version() -> str:
@@ -44,4 +46,4 @@ def _version() -> str:
 
 
 __version__ = _version()
-__all__ = ["bench", "claims", "communication", "debugging", "display", "formats", "fp8", "numerics", "optim", "plotting", "scaling", "training", "workloads"]
+__all__ = ["bench", "claims", "communication", "debugging", "display", "doctor", "formats", "fp8", "numerics", "optim", "plotting", "scaling", "training", "workloads"]

@@ -1,0 +1,192 @@
+"""From what happened in the watched steps (:class:`~mpcourse.doctor.watching.Observations`) to
+findings: one function per code, each returning the findings it has evidence for."""
+from __future__ import annotations
+
+import torch
+
+from mpcourse.doctor.report import Finding, Report, finding
+
+NAMES = {torch.float16: "FP16", torch.bfloat16: "BF16"}
+STALL = 0.5  # a share of updates rounded away above this: the weights have (nearly) stopped
+
+
+def _fp16_without_scaling(seen, session):
+    if seen.fp16_grad_values == 0:  # no backward of an unscaled loss went through FP16
+        return []
+    share = seen.fp16_subnormal / seen.fp16_grad_values
+    if seen.fp16_subnormal == 0:
+        return [finding("fp16-without-scaling", "info",
+                        f"backward ran through FP16 without loss scaling; none of its "
+                        f"{seen.fp16_grad_values} FP16 gradient values underflowed in these steps",
+                        "loss.backward()")]
+    return [finding("fp16-without-scaling", "warning",
+                    f"backward ran through FP16 without loss scaling: {seen.fp16_subnormal} of "
+                    f"{seen.fp16_grad_values} FP16 gradient values ({share:.1%}) fell below FP16's "
+                    f"smallest normal number 2**-14 = 6.1e-5 (subnormal: fewer bits, the smallest "
+                    f"flushed to 0)", f"loss.backward(): first the gradient of "
+                                       f"{seen.fp16_subnormal_where}")]
+
+
+def _names(names: list, most: int = 4) -> str:
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
+def _half_params(seen, session):
+    found = []
+    for group, params in seen.rounded.items():
+        rounded = sum(counts[0] for counts in params.values())
+        updates = sum(counts[1] for counts in params.values())
+        share = rounded / updates if updates else 0.0
+        formats = "/".join(sorted({NAMES[counts[2]] for counts in params.values()}))
+        found.append(finding(
+            "half-params-without-masters", "error" if share > STALL else "warning",
+            f"the optimizer steps {formats} parameters directly, with no FP32 master copy: "
+            f"{rounded} of {updates} updates ({share:.1%}) rounded away, leaving the weight "
+            f"unchanged", f"optimizer.{group}: {_names(list(params))}"))
+    return found
+
+
+def _clip_before_unscale(seen, session):
+    return [finding("clip-before-unscale", "error",
+                    f"gradients were clipped while still multiplied by the loss scale "
+                    f"({len(seen.clips)} time{'s' if len(seen.clips) > 1 else ''}): max_norm was "
+                    f"compared with S times the true norm, so after unscaling a clipped gradient's "
+                    f"norm is at most max_norm / S", call)
+            for call in dict.fromkeys(seen.clips)]
+
+
+def _scaler_misuse(seen, session):
+    return [finding("scaler-misuse", "error",
+                    message + (f" ({times} times)" if times > 1 else ""), where)
+            for (where, message), times in seen.misuse.items()]
+
+
+def _nonfinite(seen, session):
+    found = []
+    first = seen.first_nonfinite
+    if first is not None:
+        value = "NaN" if first["kind"] == "nan" else "inf"
+        where, step = first["where"], first["step"]
+        if first["origin"] == "input":
+            message = f"the input of {where} held {value} before any computation: bad data"
+        elif first["origin"] == "weights":
+            message = f"the weights {where} already held {value} when the forward pass began"
+        elif first["phase"] == "forward":
+            cause = ("an overflow: a value beyond the format's largest number" if value == "inf"
+                     else "NaN from finite inputs and weights (inf - inf, 0 * inf, or 0/0)")
+            message = (f"the forward pass of module {where} produced {value} from finite inputs: "
+                       f"{cause}")
+        elif first["phase"] == "backward":
+            born = ("in the loss's backward (between the loss and the model's output)"
+                    if where == "the model's output" else
+                    "in backward, where the gradients coming back were still finite (sqrt, "
+                    "norm or division at 0, or an overflowing gradient)")
+            message = (f"the forward pass was finite, but the gradient of {where} held {value}: "
+                       f"born {born}")
+        else:
+            message = (f"gradients and weights were finite, but the optimizer step made {where} "
+                       f"{value} (e.g. a division by sqrt(v) + eps where eps rounds to 0)")
+        found.append(finding("nonfinite", "error", f"{message}; first seen in watched step {step}",
+                             f"{first['phase']}: {where}"))
+    if seen.skipped or seen.scaled_overflows:
+        every = seen.scaler_steps > 0 and seen.skipped == seen.scaler_steps
+        first = (f"first seen in the gradient of {seen.overflow_where}" if seen.overflow_where
+                 else "in a parameter's gradient")
+        found.append(finding(
+            "nonfinite", "warning" if every else "info",
+            f"the scaler skipped {seen.skipped} of {seen.scaler_steps} steps: the scaled gradients "
+            f"overflowed ({first}) while the forward pass was finite"
+            + (": no step was taken at all" if every else ": normal while a dynamic scale settles"),
+            f"backward: {seen.overflow_where or 'parameter gradients'}"))
+    return found
+
+
+def _half_loss(seen, session):
+    if not seen.half_losses:
+        return []
+    # the loss function's own call names the mistake best; a 16-bit root of backward says it too
+    call, dtype = next((c for c in seen.half_losses if c[0] != "loss.backward()"), seen.half_losses[0])
+    return [finding("half-loss", "error",
+                    f"the loss was computed in {NAMES[dtype]}: softmax and log of 16-bit logits "
+                    f"lose the small probabilities, and the loss itself rounds coarsely", call)]
+
+
+def _eps_underflow(seen, session):
+    found = []
+    for where, e in seen.eps.items():
+        fmt, share = NAMES[e["dtype"]], e["dominated"] / e["total"] if e["total"] else 0.0
+        if e["zero"]:
+            found.append(finding("eps-underflow", "error",
+                                 f"eps={e['eps']:g} rounds to 0 in {fmt}, the format the "
+                                 f"optimizer keeps its squared gradients in: sqrt(v) + eps can be "
+                                 f"0, and the update 0/0 or m/0", where))
+        elif share > STALL:
+            found.append(finding("eps-underflow", "warning",
+                                 f"eps={e['eps']:g} outweighs sqrt(v) in {share:.1%} of the updated "
+                                 f"elements, v kept in {fmt}: the optimizer is no longer adaptive "
+                                 f"there", where))
+    return found
+
+
+def _half_batchnorm(seen, session):
+    return [finding("half-batchnorm", "warning",
+                    f"BatchNorm's running mean and variance are kept in {NAMES[dtype]}: each "
+                    f"momentum update rounds, and the statistics used at evaluation drift", module)
+            for module, dtype in seen.half_batchnorm.items()]
+
+
+def _emulated_bf16(seen, session):
+    from mpcourse import doctor  # through the package, so that tests can replace capability
+
+    found = []
+    for device in sorted(seen.bf16_devices, key=str):
+        capability = doctor.capability(device)
+        if capability is not None and tuple(capability) < (8, 0):
+            found.append(finding("emulated-bf16", "warning",
+                                 f"BF16 ran on {device}, of compute capability "
+                                 f"{capability[0]}.{capability[1]}: native BF16 needs 8.0 (Ampere), "
+                                 f"so it is emulated here", str(device)))
+    return found
+
+
+def _checkpoint(seen, session):
+    missing = seen.saves_without_scaler
+    if not missing:
+        return []
+    calls = _names([str(n) for n in missing])
+    return [finding("checkpoint-without-scaler", "error",
+                    f"{len(missing)} of {seen.saves} torch.save calls saved the model or optimizer "
+                    f"while a dynamic loss scaler was in use, without the scaler's state_dict: a "
+                    f"resume restarts the scale and its growth counter",
+                    f"torch.save (call{'s' if len(missing) > 1 else ''} {calls})")]
+
+
+def _tf32(seen, session):
+    from mpcourse.bench.probes import tf32_state
+
+    try:
+        state = tf32_state()
+    except RuntimeError as error:  # torch raises when the old and new flag APIs were mixed
+        state = f"unreadable ({error})"
+    applies = ("this run computed on CUDA, where it applies" if "cuda" in seen.devices else
+               f"this run computed on {', '.join(sorted(seen.devices)) or 'no device'}, where TF32 "
+               f"does not apply")
+    return [finding("tf32", "info", f"TF32 settings for FP32 matmuls and convolutions: {state}; "
+                    f"{applies}", "torch.backends")]
+
+
+def _unwatched(seen, session):
+    return [finding("unwatched-scaler", "info",
+                    f"the loop used a {kind} that was not passed to doctor.watch; the doctor "
+                    f"followed it anyway", kind) for kind in dict.fromkeys(seen.unwatched_scalers)]
+
+
+CHECKS = (_fp16_without_scaling, _half_params, _clip_before_unscale, _scaler_misuse, _nonfinite,
+          _half_loss, _eps_underflow, _half_batchnorm, _emulated_bf16, _checkpoint, _tf32,
+          _unwatched)
+
+
+def diagnose(seen, session) -> Report:
+    findings: list[Finding] = [f for check in CHECKS for f in check(seen, session)]
+    return Report(findings, seen.steps)
