@@ -51,7 +51,7 @@ gpu-kit: $(STAMP)
 # the kit installed with --no-index, `pip check` clean, a temporary $$OUT. GPU-only steps skip with
 # a reason. QUICK=1 runs three notebooks instead of all (the full run takes long on two cores).
 gpu-rehearsal: gpu-kit
-	QUICK=$(QUICK) bash tools/gpu_rehearsal.sh
+	QUICK=$(QUICK) TOOL_PY=$(BIN)/python bash tools/gpu_rehearsal.sh
 
 # Regenerates the student release exercises/ from the nbgrader source in solutions/ (commit both).
 exercises: $(STAMP)

@@ -7,6 +7,9 @@
         for CPython PYTHON_VERSION on Linux x86_64. pip check cannot do this: the image is not here.
     python tools/gpu_kit_check.py image-only
         every package of the running environment is one the image has (the rehearsal's venv).
+    python tools/gpu_kit_check.py image-needs TARGET PYTHON_VERSION
+        print the requirements of the kit in TARGET that the image meets (one a line): what the
+        rehearsal's venv must hold besides torch and the library's own dependencies.
 
 Exits 1 with one line per problem. Also imported by tests/test_gpu_kit.py.
 """
@@ -83,6 +86,14 @@ def main(argv) -> int:
                     for name in missing]
         problems += unmet(installed, {**image, **kit}, argv[2])
         what = f"{len(installed)} kit packages in {argv[1]} against the kit and the image, Python {argv[2]}"
+    elif argv[:1] == ["image-needs"] and len(argv) == 3:
+        env = environment(argv[2])
+        needs = sorted({f"{r.name}{r.specifier}" for lines in requirements_in(argv[1]).values()
+                        for r in map(Requirement, lines)
+                        if canonicalize_name(r.name) in image
+                        and (r.marker is None or r.marker.evaluate(env))})
+        print("\n".join(needs))
+        return 0
     elif argv == ["image-only"]:
         names = {canonicalize_name(d.metadata["Name"]) for d in metadata.distributions()}
         problems = [f"{name} is installed but the GPU image does not have it"

@@ -25,28 +25,35 @@ pyenv_python() { command -v pyenv > /dev/null && [ -x "$(pyenv prefix "$1" 2>/de
     && echo "$(pyenv prefix "$1")/bin/python$1" || command -v "python$1" || true; }
 PY311=${PY311:-$(pyenv_python 3.11)}
 PY312=${PY312:-$(pyenv_python 3.12)}
+TOOL_PY=${TOOL_PY:-$ROOT/.venv/bin/python}  # the course venv (make), which has packaging
 [ -n "$PY311" ] || { echo "the rehearsal needs a Python 3.11 (PY311=...)"; exit 1; }
 REHEARSAL=$(mktemp -d "${TMPDIR:-/tmp}/mpcourse-rehearsal.XXXXXX")
 VENV=$REHEARSAL/venv
 echo "rehearsal in $REHEARSAL"
 
-# --- the image's packages, in a fresh 3.11 venv ----------------------------------------------------
-"$PY311" -m venv "$VENV"
-ROOTS=$(grep -iE "^(torch|numpy|matplotlib|ml_dtypes|tqdm|scikit-learn|pytest|pytest-xdist)==" requirements.txt)
-echo "image stand-in: $(echo $ROOTS)"
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check $ROOTS 2>&1 | grep -v "is ignored" || true
-"$VENV/bin/python" tools/gpu_kit_check.py image-only
-
-# --- the kit: cp311 for real, cp312 by proxy ----------------------------------------------------------
+# --- the kit: cp311 for real, cp312 by proxy ------------------------------------------------------
 for v in 3.11 3.12; do
     py=$PY311; [ $v = 3.12 ] && py=$PY312
     if [ -z "$py" ]; then echo "no Python $v here: its kit is not checked"; continue; fi
-    target=$REHEARSAL/kit-$v
     "$py" -m pip install --quiet --disable-pip-version-check --no-index --no-deps --no-compile \
-        --target "$target" --find-links .gpu-kit -r tools/gpu-kit.txt 2>&1 | grep -v "is ignored" || true
-    "$VENV/bin/python" tools/gpu_kit_check.py requirements "$target" $v
-    PYTHONPATH=$target "$py" -c "import zmq, rpds, tornado.speedups, debugpy, wcwidth" \
+        --target "$REHEARSAL/kit-$v" --find-links .gpu-kit -r tools/gpu-kit.txt 2>&1 | grep -v "is ignored" || true
+    PYTHONPATH=$REHEARSAL/kit-$v "$py" -c "import zmq, rpds, tornado.speedups, debugpy, wcwidth" \
         && echo "cp${v/./} kit: compiled modules import"
+done
+
+# --- the image's packages, in a fresh 3.11 venv ----------------------------------------------------
+"$PY311" -m venv "$VENV"
+ROOTS=$(grep -iE "^(torch|numpy|matplotlib|ml_dtypes|tqdm|scikit-learn|pytest|pytest-xdist)==" requirements.txt)
+# What the kit needs from the image (attrs, psutil, coverage, ...), as the kit's metadata asks.
+NEEDS=$("$TOOL_PY" tools/gpu_kit_check.py image-needs "$REHEARSAL/kit-3.11" 3.11)
+# The image has python-dateutil but not tzdata, which dateutil 3 and 4 require: its dateutil is older.
+echo "python-dateutil<3" > "$REHEARSAL/constraints.txt"
+echo "image stand-in: $(echo $ROOTS $NEEDS), constraints: $(cat "$REHEARSAL/constraints.txt")"
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$REHEARSAL/constraints.txt" \
+    $ROOTS $NEEDS 2>&1 | grep -v "is ignored" || true
+"$VENV/bin/python" tools/gpu_kit_check.py image-only
+for v in 3.11 3.12; do
+    [ -d "$REHEARSAL/kit-$v" ] && "$VENV/bin/python" tools/gpu_kit_check.py requirements "$REHEARSAL/kit-$v" $v
 done
 PYTHONPATH=$REHEARSAL/kit-3.11 "$VENV/bin/python" -m pip check --disable-pip-version-check
 
@@ -69,7 +76,8 @@ for f in summary.txt 1-tests.log 2-notebooks.log 3-alone.log 4-bench.log results
 done
 grep -qE "FAILED|TIMED OUT|exit [1-9]|no result file|no report.json" "$OUT/summary.txt" \
     && problems+=("summary.txt reports a failure")
-tar -tzf "$OUT/results.tar.gz" | grep -q "report.json" || problems+=("no report.json in results.tar.gz")
+tar -tzf "$OUT/results.tar.gz" > "$REHEARSAL/packed.txt"
+grep -q "report.json" "$REHEARSAL/packed.txt" || problems+=("no report.json in results.tar.gz")
 if (( ${#problems[@]} )); then
     printf 'REHEARSAL FAILED: %s\n' "${problems[@]}"; echo "(kept: $REHEARSAL)"; exit 1
 fi

@@ -107,7 +107,7 @@ export PY SITE KIT
 export -f setup
 run_step env.txt "$(limit $LIMIT_SETUP)" bash -c setup
 cp "$WORK/env.txt" "$RESULTS/env.txt"
-say "setup: $([ $STEP_RC = 0 ] && echo ok || echo "FAILED (exit $STEP_RC)"), $STEP_SECONDS s; $(grep -E '^(python|cuda available|device):' "$WORK/env.txt" | tr '\n' ';')"
+say "setup: $([ $STEP_RC = 0 ] && echo ok || echo "FAILED (exit $STEP_RC)"), $STEP_SECONDS s; $(grep -E '^(python |cuda available:|device:)' "$WORK/env.txt" | tr '\n' ';')"
 pack
 if [ "$STEP_RC" != 0 ]; then
     say "The kit did not install or the device could not be read: see env.txt in results.tar.gz."
