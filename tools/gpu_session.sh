@@ -22,6 +22,12 @@
 # Without a CUDA GPU (`make gpu-rehearsal`), the GPU-only parts skip with a reason: the tests
 # run on the CPU, nothing is recorded, the bench's do_bench comparison says why it did not run.
 # QUICK=1 runs a few test files and notebooks only (a rehearsal on a slow machine).
+#
+# On this workplace's GPU machine (the device tool; about 15 minutes of GPU time in all, its start
+# included): `make gpu-kit` here first, then one call with the kit carried along, e.g.
+#   run(command="bash tools/gpu_session.sh", carry=[".gpu-kit"], timeout_s=570)
+# and unpack $OUT's results.tar.gz: bench-report/<slug>-<date>/ goes to mpcourse/data/bench/,
+# gpu-record/<slug>/ to mpcourse/data/gpu/<slug>/ (book/gpu_reports.md).
 set -u -o pipefail
 
 # Limits in seconds (tests/test_gpu_kit.py parses these lines: keep them "NAME=number  # ...").
@@ -101,6 +107,7 @@ EOF
     nvidia-smi 2>&1 || echo "no nvidia-smi"
     "$PY" -m pip list --disable-pip-version-check 2>/dev/null
 }
+unset MPCOURSE_RECORD_GPU  # set per step below, on a GPU only
 export PYTHONPATH=$ROOT:$SITE MPLBACKEND=Agg MPLCONFIGDIR=$WORK/mpl IPYTHONDIR=$WORK/ipython \
        JUPYTER_RUNTIME_DIR=$WORK/jupyter-runtime PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 export PY SITE KIT
@@ -116,10 +123,10 @@ if [ "$STEP_RC" != 0 ]; then
 fi
 if "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
     DEVICE=cuda
-    export MPCOURSE_RECORD_GPU=$RESULTS/gpu-record
+    RECORD=$RESULTS/gpu-record  # the notebooks' steps only: a test never writes there
 else
-    DEVICE=cpu
-    say "No CUDA GPU: the tests run on the CPU, nothing is recorded (MPCOURSE_RECORD_GPU unset), the bench runs on the CPU; GPU-only tests skip with their reasons."
+    DEVICE=cpu RECORD=
+    say "No CUDA GPU: the tests run on the CPU, nothing is recorded (MPCOURSE_RECORD_GPU empty), the bench runs on the CPU; GPU-only tests skip with their reasons."
 fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 PYTEST=("$PY" -m pytest -p no:cacheprovider -o faulthandler_timeout=120 -q)
@@ -146,12 +153,12 @@ if [ "$QUICK" = 1 ]; then
     for stem in $QUICK_ALONE; do ALONE+=("book/$stem.ipynb"); done
 fi
 NBVAL=(--nbval-cell-timeout=300 --dist loadfile)
-run_step 2-notebooks.log "$(limit $LIMIT_NOTEBOOKS)" "${PYTEST[@]}" -n "$WORKERS" "${NBVAL[@]}" \
+run_step 2-notebooks.log "$(limit $LIMIT_NOTEBOOKS)" env MPCOURSE_RECORD_GPU=$RECORD "${PYTEST[@]}" -n "$WORKERS" "${NBVAL[@]}" \
     --junitxml "$RESULTS/junit/2-notebooks.xml" "${PARALLEL[@]}"
-summary junit "2 notebooks (${#PARALLEL[@]}, -n $WORKERS, recording: ${MPCOURSE_RECORD_GPU:-off})" "$STEP_RC" "$STEP_SECONDS" "$RESULTS/junit/2-notebooks.xml"
+summary junit "2 notebooks (${#PARALLEL[@]}, -n $WORKERS, recording: ${RECORD:-off})" "$STEP_RC" "$STEP_SECONDS" "$RESULTS/junit/2-notebooks.xml"
 pack 2-notebooks.log
 
-run_step 3-alone.log "$(limit $LIMIT_ALONE)" "${PYTEST[@]}" -n 0 "${NBVAL[@]}" \
+run_step 3-alone.log "$(limit $LIMIT_ALONE)" env MPCOURSE_RECORD_GPU=$RECORD "${PYTEST[@]}" -n 0 "${NBVAL[@]}" \
     --junitxml "$RESULTS/junit/3-alone.xml" "${ALONE[@]}"
 summary junit "3 timing notebooks alone (${ALONE[*]})" "$STEP_RC" "$STEP_SECONDS" "$RESULTS/junit/3-alone.xml"
 pack 3-alone.log
@@ -164,6 +171,6 @@ run_step 4-bench.log "$(limit $LIMIT_BENCH)" bash -c 'cd "$1" && shift && exec "
 summary bench "4 bench (--budget-s $BENCH_BUDGET_S)" "$STEP_RC" "$STEP_SECONDS" "$RESULTS/bench-report"
 pack 4-bench.log
 
-say "total: $(( $(date +%s) - START )) s of ${TOTAL_LIMIT} s; recorded: $(cd "$RESULTS/gpu-record" && find . -name '*.json' | wc -l) file(s)"
+say "total: $(( $(date +%s) - START )) s of $(( TOTAL_LIMIT * SCALE )) s; recorded: $(cd "$RESULTS/gpu-record" && find . -name '*.json' | wc -l) file(s)"
 pack
 rm -rf "$WORK"
