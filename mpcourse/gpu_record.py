@@ -35,8 +35,8 @@ The file (``SCHEMA`` = 1)::
                  "autocast_dtypes": {"kind": "table", "headers": ["op", "dtype"],
                                      "rows": [["matmul", "torch.float16"], ...], "note": ""}}}
 
-Values are stored as JSON: tuples become lists, torch dtypes and other objects their ``str()``,
-NumPy and 0-d tensor numbers plain numbers, and non-finite floats the strings ``"inf"``,
+Values are stored as JSON: tuples become lists, tensors and NumPy values numbers or nested
+lists, torch dtypes and other objects their ``str()``, and non-finite floats the strings ``"inf"``,
 ``"-inf"``, ``"nan"`` (strict JSON has no such numbers).
 
 Committed benchmark reports (``python -m mpcourse bench --out DIR``, see
@@ -67,10 +67,8 @@ NOT_YET = ("No GPU run of this has been committed yet: the figures here are this
 
 def jsonable(value):
     """``value`` as plain JSON data (see the module docstring for the conversions)."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if hasattr(value, "item") and not isinstance(value, torch.Tensor) and getattr(value, "shape", None) == ():
-        value = value.item()  # a NumPy scalar
+    if isinstance(value, torch.Tensor) or hasattr(value, "tolist"):  # tensors, NumPy values
+        value = value.detach().cpu().tolist() if isinstance(value, torch.Tensor) else value.tolist()
     if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
         return value
     if isinstance(value, float):

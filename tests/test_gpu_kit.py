@@ -10,6 +10,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from packaging.utils import canonicalize_name
@@ -204,6 +205,8 @@ def test_a_recorder_writes_named_numbers_and_tables_with_their_provenance(tmp_pa
     assert rec.active
     rec.number("speedup", torch.tensor(2.5), note="fwd+bwd")
     rec.number("overflow", float("inf"))
+    rec.number("grid", torch.tensor([[1.0, float("nan")]]))
+    rec.number("numpy", np.float16(0.5))
     rec.table("autocast", [("matmul", torch.float16), ("softmax", torch.float32)], ["op", "dtype"])
     rec.number("speedup", 3.0)  # a second write replaces the first
     files = list(tmp_path.glob("*/05_bf16_and_tf32.json"))
@@ -213,6 +216,7 @@ def test_a_recorder_writes_named_numbers_and_tables_with_their_provenance(tmp_pa
     assert data["device"]["slug"] == files[0].parent.name and data["date"]
     (run,) = committed("05_bf16_and_tf32", root=tmp_path)
     assert run.get("speedup") == 3.0 and run.get("overflow") == "inf"
+    assert run.get("grid") == [[1.0, "nan"]] and run.get("numpy") == 0.5
     assert run.get("autocast") == (["op", "dtype"], [["matmul", "torch.float16"],
                                                      ["softmax", "torch.float32"]])
     assert torch.__version__ in run.label and run.device in run.label
