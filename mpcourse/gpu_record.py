@@ -24,6 +24,8 @@ Reading (the CPU build)::
     from mpcourse.gpu_record import committed
     for run in committed("05_bf16_and_tf32"):   # one per GPU committed, oldest torch first
         print(run.label, run.get("bf16_speedup"))
+    beside("05_bf16_and_tf32", "autocast_dtypes")  # Markdown: each GPU's table, labelled, or
+                                                  # the one line NOT_YET until one is committed
 
 The file (``SCHEMA`` = 1)::
 
@@ -199,6 +201,25 @@ def committed(stem: str, root=None) -> list[Recorded]:
     root = Path(root) if root is not None else GPU_DATA
     found = [load_record(p) for p in sorted(root.glob(f"*/{stem}.json"))]
     return sorted(found, key=lambda r: (_version_key(r.torch), r.slug))
+
+
+def beside(stem: str, name: str, root=None):
+    """The committed GPU results ``name`` of notebook ``stem`` as Markdown to show beside a
+    chapter's live CPU result: one labelled table or number per GPU, or the one line
+    :data:`NOT_YET` while none is committed (or none recorded ``name``)."""
+    from mpcourse.display import Markdown, markdown_table
+    runs = [run for run in committed(stem, root) if name in run.results]
+    if not runs:
+        return Markdown(NOT_YET)
+    parts = []
+    for run in runs:
+        value, note = run.get(name), run.results[name].get("note", "")
+        suffix = f" ({note})" if note else ""
+        if run.results[name]["kind"] == "table":
+            parts.append(f"On {run.label}{suffix}:\n\n{markdown_table(value[1], value[0]).data}")
+        else:
+            parts.append(f"On {run.label}: **{value}**{suffix}.")
+    return Markdown("\n\n".join(parts))
 
 
 def committed_reports(root=None) -> list[dict]:

@@ -17,7 +17,7 @@ from packaging.utils import canonicalize_name
 
 from mpcourse.bench import check_report, run_suite, write_report
 from mpcourse.bench.report import default_report_dir
-from mpcourse.gpu_record import SCHEMA, committed, committed_reports, load_record, recorder
+from mpcourse.gpu_record import NOT_YET, SCHEMA, beside, committed, committed_reports, load_record, recorder
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -277,3 +277,15 @@ def test_dataclass_fields_of_the_results_are_all_in_the_report(report_dir):
                    "budget_s": "budget_s"}
     assert suite_fields == set(represented)
     assert all(key in report for key in represented.values())
+
+
+def test_beside_shows_each_gpu_labelled_or_says_none_is_committed(tmp_path):
+    assert beside("05_bf16_and_tf32", "autocast", root=tmp_path).data == NOT_YET
+    rec = recorder("05_bf16_and_tf32", "cpu", folder=tmp_path)
+    rec.table("autocast", [("matmul", torch.float16)], ["op", "dtype"], note="CUDA autocast")
+    rec.number("speedup", 2.5)
+    table = beside("05_bf16_and_tf32", "autocast", root=tmp_path).data
+    (run,) = committed("05_bf16_and_tf32", root=tmp_path)
+    assert table.startswith(f"On {run.label} (CUDA autocast):") and "| matmul | torch.float16 |" in table
+    assert beside("05_bf16_and_tf32", "speedup", root=tmp_path).data == f"On {run.label}: **2.5**."
+    assert beside("05_bf16_and_tf32", "absent", root=tmp_path).data == NOT_YET
