@@ -166,6 +166,10 @@ def write_report(results: SuiteResults, out_dir=None) -> Path:
 
     ``out_dir`` defaults to :func:`default_report_dir`; it is created if needed. A figure whose
     step was skipped (a time budget, say) is not drawn, and report.json lists the figures drawn.
+
+    Raises:
+        ValueError: the written report.json fails :func:`~mpcourse.bench.check_report` (a bug:
+            the files stay, for inspection).
     """
     out_dir = Path(out_dir) if out_dir is not None else default_report_dir(results)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -184,10 +188,10 @@ def write_report(results: SuiteResults, out_dir=None) -> Path:
         figure.savefig(out_dir / name, dpi=120)
         drawn.append(name)
     report = report_json(results, drawn)
-    check_report(report, out_dir / "report.json", out_dir)
-    (out_dir / "report.json").write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     path = out_dir / "report.md"
     path.write_text(report_markdown(results, drawn))
+    check_report(report, out_dir / "report.json", out_dir)  # after writing: a run is never lost
     return path
 
 
