@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from mpcourse.bench.probes import AlignmentRow, MaxMatmulResult
-from mpcourse.bench.report_json import SCHEMA, check_report, report_json  # noqa: F401
+from mpcourse.bench.report_json import check_report, report_json
 from mpcourse.bench.specs import GPU_SPECS, PRECISION_LABELS, PRECISIONS, device_slug
 from mpcourse.bench.suite import SuiteResults
 from mpcourse.display import markdown_table
