@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test test-gpu venv exercises grade-demo check-exhaustive bench pretrained sync-notebooks release clean
+.PHONY: book test test-gpu gpu-kit gpu-rehearsal venv exercises grade-demo check-exhaustive bench pretrained sync-notebooks release clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,26 @@ test: $(STAMP)
 test-gpu: $(STAMP)
 	$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu needs a CUDA GPU that torch can see')"
 	MPCOURSE_DEVICE=cuda $(BIN)/python -m pytest
+
+# The GPU kit (tools/gpu-kit.txt): wheels for CPython 3.12 (the GPU image's) and 3.11 (the
+# rehearsal's), manylinux x86_64, into .gpu-kit/ (git-ignored). It travels with the working tree to
+# a GPU machine that has no network; tools/gpu_session.sh installs it there.
+KIT_PLATFORMS := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_26_x86_64 \
+	manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64,--platform $(p))
+gpu-kit: $(STAMP)
+	@for v in 3.12 3.11; do \
+	  $(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --implementation cp \
+	    --python-version $$v --abi cp$$(echo $$v | tr -d .) $(KIT_PLATFORMS) \
+	    -r tools/gpu-kit.txt -d .gpu-kit || exit 1; \
+	done
+	$(BIN)/python tools/gpu_kit_size.py
+
+# tools/gpu_session.sh on this CPU machine, in the GPU machine's conditions as far as they can be
+# had here (tools/gpu_rehearsal.sh): a fresh Python 3.11 venv holding only the image's packages,
+# the kit installed with --no-index, `pip check` clean, a temporary $$OUT. GPU-only steps skip with
+# a reason. QUICK=1 runs three notebooks instead of all (the full run takes long on two cores).
+gpu-rehearsal: gpu-kit
+	QUICK=$(QUICK) TOOL_PY=$(BIN)/python bash tools/gpu_rehearsal.sh
 
 # Regenerates the student release exercises/ from the nbgrader source in solutions/ (commit both).
 exercises: $(STAMP)

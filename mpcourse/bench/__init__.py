@@ -14,8 +14,11 @@ The chain, one module per step:
   :func:`tf32_mode`.
 - :mod:`~mpcourse.bench.precisions`: :func:`compare_precisions`, a transformer block in FP32
   (TF32 off), TF32, FP16 and BF16 autocast, and FP8.
-- :mod:`~mpcourse.bench.suite` and :mod:`~mpcourse.bench.report`: :func:`run_suite` and
-  :func:`write_report`, behind ``python -m mpcourse bench [--out DIR] [--quick]``.
+- :mod:`~mpcourse.bench.crosscheck`: :func:`compare_with_do_bench`, the timer against Triton's.
+- :mod:`~mpcourse.bench.suite`, :mod:`~mpcourse.bench.report` and
+  :mod:`~mpcourse.bench.report_json`: :func:`run_suite`, :func:`write_report` (report.md, figures,
+  report.json) and :func:`check_report`, behind ``python -m mpcourse bench [--out DIR] [--quick]
+  [--budget-s S]``.
 
 Example::
 
@@ -26,6 +29,7 @@ Example::
     print(benchmark(torch.matmul, x, x))                    # median, p20, p80, runs, method
     print(matmul_tflops(1024, 1024, 1024, "fp32").tflops)
 """
+from mpcourse.bench.crosscheck import CrosscheckRow, compare_with_do_bench
 from mpcourse.bench.precisions import PrecisionComparison, PrecisionRow, compare_precisions
 from mpcourse.bench.probes import (AlignmentRow, BandwidthResult, MatmulResult, MaxMatmulResult,
                                    alignment_effect, alignment_multiple, matmul_tflops,
@@ -33,17 +37,19 @@ from mpcourse.bench.probes import (AlignmentRow, BandwidthResult, MatmulResult, 
                                    tf32_mode, tf32_state)
 from mpcourse.bench.report import (plot_achieved_vs_peak, plot_alignment, plot_precisions,
                                    plot_roofline, write_report)
+from mpcourse.bench.report_json import check_report, report_json
 from mpcourse.bench.specs import (GPU_SPECS, PRECISIONS, DeviceInfo, GpuSpec, device_info,
-                                  lookup_spec, precision_name, precision_support)
+                                  device_slug, lookup_spec, precision_name, precision_support)
 from mpcourse.bench.suite import SuiteResults, run_suite
 from mpcourse.bench.timing import BenchmarkResult, benchmark
 
 __all__ = [
-    "AlignmentRow", "BandwidthResult", "BenchmarkResult", "DeviceInfo", "GPU_SPECS", "GpuSpec",
-    "MatmulResult", "MaxMatmulResult", "PRECISIONS", "PrecisionComparison", "PrecisionRow",
-    "SuiteResults", "alignment_effect", "alignment_multiple", "benchmark", "compare_precisions",
-    "device_info", "lookup_spec", "matmul_tflops", "max_matmul_tflops", "memory_bandwidth",
-    "pad_to_multiple", "plot_achieved_vs_peak", "plot_alignment", "plot_precisions",
-    "plot_roofline", "precision_name", "precision_support", "run_suite", "tf32_mode",
-    "tf32_state", "write_report",
+    "AlignmentRow", "BandwidthResult", "BenchmarkResult", "CrosscheckRow", "DeviceInfo",
+    "GPU_SPECS", "GpuSpec", "MatmulResult", "MaxMatmulResult", "PRECISIONS",
+    "PrecisionComparison", "PrecisionRow", "SuiteResults", "alignment_effect",
+    "alignment_multiple", "benchmark", "check_report", "compare_precisions",
+    "compare_with_do_bench", "device_info", "device_slug", "lookup_spec", "matmul_tflops",
+    "max_matmul_tflops", "memory_bandwidth", "pad_to_multiple", "plot_achieved_vs_peak",
+    "plot_alignment", "plot_precisions", "plot_roofline", "precision_name", "precision_support",
+    "report_json", "run_suite", "tf32_mode", "tf32_state", "write_report",
 ]

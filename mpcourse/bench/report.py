@@ -1,4 +1,10 @@
-"""The suite's report: a Markdown file and four figures, written to one folder.
+"""The suite's report: ``report.md``, its figures and ``report.json``, written to one folder.
+
+``report.json`` (:func:`~mpcourse.bench.report_json.report_json`) holds every figure of the report
+as data, so reports of many GPUs can be compared and a chapter can generate its sentences from
+them; :func:`~mpcourse.bench.report_json.check_report` checks one's internal consistency (each TFLOP/s is 2·m·n·k over its
+median time, each percentage is achieved over peak, each speed-up is a ratio of two times in the
+file, ...). The book's appendix *GPU reports* documents every field.
 
 Each ``plot_`` function draws onto a Matplotlib ``ax`` it is given (or a new one) and returns
 it, like the helpers of :mod:`mpcourse.plotting`, so a chapter can show the same figures inline.
@@ -8,7 +14,7 @@ as PNG with Matplotlib's Agg renderer.
 from __future__ import annotations
 
 import datetime
-import re
+import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -17,7 +23,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from mpcourse.bench.probes import AlignmentRow, MaxMatmulResult
-from mpcourse.bench.specs import GPU_SPECS, PRECISION_LABELS, PRECISIONS
+from mpcourse.bench.report_json import check_report, report_json
+from mpcourse.bench.specs import GPU_SPECS, PRECISION_LABELS, PRECISIONS, device_slug
 from mpcourse.bench.suite import SuiteResults
 from mpcourse.display import markdown_table
 from mpcourse.plotting import FORMAT_COLORS
@@ -148,72 +155,118 @@ def plot_alignment(rows: list[AlignmentRow], ax=None):
 
 
 def default_report_dir(results: SuiteResults, root="bench-report") -> Path:
-    """``bench-report/<device-name>-<YYYY-MM-DD>``, the device name in lower-case-with-dashes."""
-    slug = re.sub(r"[^a-z0-9]+", "-", results.info.name.lower()).strip("-") or "device"
-    return Path(root) / f"{slug}-{datetime.date.today().isoformat()}"
+    """``bench-report/<device-slug>-<YYYY-MM-DD>``: :func:`~mpcourse.bench.specs.device_slug` of
+    the device name. Committed reports keep the folder's name under ``mpcourse/data/bench/``."""
+    return Path(root) / f"{device_slug(results.info.name)}-{datetime.date.today().isoformat()}"
 
 
 def write_report(results: SuiteResults, out_dir=None) -> Path:
-    """Write ``report.md`` and the four PNG figures into ``out_dir``; return report.md's path.
+    """Write ``report.md``, its PNG figures and ``report.json`` into ``out_dir``; return
+    report.md's path.
 
-    ``out_dir`` defaults to :func:`default_report_dir`; it is created if needed.
+    ``out_dir`` defaults to :func:`default_report_dir`; it is created if needed. A figure whose
+    step was skipped (a time budget, say) is not drawn, and report.json lists the figures drawn.
+
+    Raises:
+        ValueError: the written report.json fails :func:`~mpcourse.bench.check_report` (a bug:
+            the files stay, for inspection).
     """
     out_dir = Path(out_dir) if out_dir is not None else default_report_dir(results)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = [(plot_achieved_vs_peak, results), (plot_roofline, results),
-             (plot_precisions, results), (plot_alignment, results.alignment)]
-    for name, (plot, data) in zip(FIGURES, plots):
+    measured = bool(_measured(results))
+    bandwidth = results.info.memory_bandwidth_gbs or not isinstance(results.bandwidth, str)
+    plots = [(plot_achieved_vs_peak, results, measured),
+             (plot_roofline, results, measured and bandwidth),
+             (plot_precisions, results, not isinstance(results.precisions, str)),
+             (plot_alignment, results.alignment, not isinstance(results.alignment, str))]
+    drawn = []
+    for name, (plot, data, available) in zip(FIGURES, plots):
+        if not available:
+            continue
         figure = Figure(figsize=(6.4, 4.2), layout="constrained")
         plot(data, figure.add_subplot())
         figure.savefig(out_dir / name, dpi=120)
+        drawn.append(name)
+    report = report_json(results, drawn)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     path = out_dir / "report.md"
-    path.write_text(report_markdown(results))
+    path.write_text(report_markdown(results, drawn))
+    check_report(report, out_dir / "report.json", out_dir)  # after writing: a run is never lost
     return path
 
 
-def report_markdown(results: SuiteResults) -> str:
-    """The report's Markdown text (tables computed from ``results``, figures by file name)."""
+def report_markdown(results: SuiteResults, figures=FIGURES) -> str:
+    """The report's Markdown text (tables computed from ``results``, figures by file name).
+
+    ``figures``: the figure files drawn; a skipped step's section gives its reason instead."""
     info, cpu = results.info, results.info.kind == "cpu"
+
+    def figure(name, alt):
+        return f"![{alt}]({name})" if name in figures else f"(No {alt} figure: step not run.)"
+
+    budget = "" if results.budget_s is None else f" under a {results.budget_s:g} s budget"
     sections = [
         f"# Benchmark report: {info.name}",
         f"{datetime.date.today().isoformat()}, PyTorch {results.torch_version}, device "
         f"`{info.device}`, {info.threads} CPU thread(s), "
         f"{'quick (smoke-test sizes)' if results.quick else 'full'} run in "
-        f"{results.seconds:.0f} s. Times are medians of many warmed-up runs, timed with "
-        f"{_method(results)}.",
+        f"{results.seconds:.0f} s{budget}. Times are medians of many warmed-up runs, timed with "
+        f"{_method(results)}. The same figures as data: `report.json`.",
         "## Device", _table(_device_rows(info), ["property", "value"]),
         "## Matrix multiplication: achieved vs datasheet peak",
-        "![achieved vs peak](achieved_vs_peak.png)",
+        figure("achieved_vs_peak.png", "achieved vs peak"),
         _table(_matmul_rows(results), ["precision", "best TFLOP/s", "at (m, n, k)",
                                        "datasheet peak", "% of peak", "note"]),
         "Every shape measured (median, with the 20th-80th percentile range):",
         _table(_sweep_rows(results), ["precision", "(m, n, k)", "median ms", "p20-p80 ms",
                                       "TFLOP/s", "FLOP/byte"]),
         "## Memory bandwidth", _bandwidth_text(results),
-        "## Roofline", "![roofline](roofline.png)",
+        "## Roofline", figure("roofline.png", "roofline"),
         "A product left of the ridge (where the slanted and flat roofs meet) waits for memory; "
         "right of it, for arithmetic. Element-wise operations sit far left in every precision.",
-        "## Alignment", "![alignment](alignment.png)",
-        _table(_alignment_rows(results), ["n", f"multiple of {results.alignment[0].multiple}",
-                                          "TFLOP/s", "padded to", "TFLOP/s padded (useful)"]),
-        "## A transformer block in every precision",
-        f"{results.precisions.model}. TF32 settings found before the run (restored after): "
-        f"{results.precisions.tf32_before}.",
-        "![precisions](precisions.png)",
-        _table(_precision_rows(results), ["precision", "forward ms", "fwd+bwd ms",
-                                          "peak memory (MiB)", "speed-up fwd / fwd+bwd",
-                                          "skipped or note"]),
+        "## Alignment", figure("alignment.png", "alignment"),
     ]
+    if isinstance(results.alignment, str):
+        sections.append(f"Skipped: {results.alignment}.")
+    else:
+        sections.append(_table(_alignment_rows(results),
+                               ["n", f"multiple of {results.alignment[0].multiple}", "TFLOP/s",
+                                "padded to", "TFLOP/s padded (useful)"]))
+    sections.append("## A transformer block in every precision")
+    if isinstance(results.precisions, str):
+        sections.append(f"Skipped: {results.precisions}.")
+    else:
+        sections += [
+            f"{results.precisions.model}. TF32 settings found before the run (restored after): "
+            f"{results.precisions.tf32_before}.",
+            figure("precisions.png", "precisions"),
+            _table(_precision_rows(results), ["precision", "forward ms", "fwd+bwd ms",
+                                              "peak memory (MiB)", "speed-up fwd / fwd+bwd",
+                                              "skipped or note"])]
+    sections += ["## The timer checked against Triton's do_bench", _crosscheck_text(results)]
     if cpu:
         sections += ["## What a GPU would show", _gpu_text()]
     return "\n\n".join(sections) + "\n"
 
 
+def _crosscheck_text(results: SuiteResults) -> str:
+    if isinstance(results.crosscheck, str):
+        return f"Not measured: {results.crosscheck}."
+    rows = [(r.size, "on" if r.cuda_graph else "off", "yes" if r.flush_l2 else "no",
+             f"{r.ours_ms:.4g}", f"{r.do_bench_ms:.4g}", f"{r.ratio:.3f}")
+            for r in results.crosscheck]
+    return ("A BF16 n x n x n product timed by `mpcourse.bench.benchmark` and by "
+            "`triton.testing.do_bench` (`do_bench_cudagraph` with graphs), medians; "
+            "ratio = ours / do_bench.\n\n" +
+            _table(rows, ["n", "CUDA graph", "L2 flushed", "benchmark ms", "do_bench ms",
+                          "ratio"]))
+
+
 def _method(results: SuiteResults) -> str:
     measured = _measured(results)
-    timing = next(iter(measured.values())).best.timing if measured else \
-        results.bandwidth.timing
-    return timing.method
+    if measured:
+        return next(iter(measured.values())).best.timing.method
+    return "-" if isinstance(results.bandwidth, str) else results.bandwidth.timing.method
 
 
 def _table(rows, headers) -> str:
@@ -265,6 +318,8 @@ def _sweep_rows(results):
 
 def _bandwidth_text(results):
     b = results.bandwidth
+    if isinstance(b, str):
+        return f"Skipped: {b}."
     peak = ("no datasheet figure for this device" if b.peak_gbs is None else
             f"{b.percent_of_peak:.0f}% of the datasheet's {b.peak_gbs:.0f} GB/s")
     return (f"Copying {b.bytes / 2**20:.0f} MiB: **{b.gbs:.1f} GB/s** (2 x bytes / median time "

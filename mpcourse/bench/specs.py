@@ -418,6 +418,16 @@ def _amd_support(precision: str, info: DeviceInfo) -> tuple[bool, str]:
     return True, f"{here} runs {PRECISION_LABELS[precision]} on its matrix cores"
 
 
+def device_slug(name: str) -> str:
+    """A device name in lower-case-with-dashes, for folder names: ``"NVIDIA H100 80GB HBM3"`` ->
+    ``"nvidia-h100-80gb-hbm3"`` (``"device"`` if nothing is left).
+
+    >>> device_slug("NVIDIA H100 80GB HBM3")
+    'nvidia-h100-80gb-hbm3'
+    """
+    return re.sub(r"[^a-z0-9]+", "-", str(name).lower()).strip("-") or "device"
+
+
 def as_device(device) -> torch.device:
     """``device`` as a torch.device; None means CUDA if available, else the CPU."""
     if device is None:

@@ -7,6 +7,11 @@ Steps, each skipped with a stated reason where the device cannot run it meaningf
 3. :func:`~mpcourse.bench.memory_bandwidth`: a large copy.
 4. :func:`~mpcourse.bench.alignment_effect`: sizes on and off the tensor-core multiple.
 5. :func:`~mpcourse.bench.compare_precisions`: a transformer block in every precision.
+6. :func:`~mpcourse.bench.crosscheck.compare_with_do_bench`: :func:`~mpcourse.bench.benchmark`
+   against Triton's ``do_bench`` (CUDA with Triton only).
+
+``budget_s`` bounds the whole suite: a step that would start after the budget is spent is
+skipped with that reason (a GPU's time is not predictable from a CPU's, and GPU time is scarce).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from mpcourse.bench.crosscheck import CrosscheckRow, compare_with_do_bench, crosscheck_support
 from mpcourse.bench.precisions import PrecisionComparison, compare_precisions
 from mpcourse.bench.probes import (AlignmentRow, BandwidthResult, MaxMatmulResult,
                                    alignment_effect, max_matmul_tflops, memory_bandwidth)
@@ -45,25 +51,29 @@ class SuiteResults:
     Attributes:
         info: the device (:class:`~mpcourse.bench.DeviceInfo`).
         matmul: per precision, a :class:`~mpcourse.bench.MaxMatmulResult` or a skip reason.
-        bandwidth: a :class:`~mpcourse.bench.BandwidthResult`.
-        alignment: :class:`~mpcourse.bench.AlignmentRow` list.
-        precisions: a :class:`~mpcourse.bench.PrecisionComparison`.
+        bandwidth: a :class:`~mpcourse.bench.BandwidthResult`, or a skip reason.
+        alignment: :class:`~mpcourse.bench.AlignmentRow` list, or a skip reason.
+        precisions: a :class:`~mpcourse.bench.PrecisionComparison`, or a skip reason.
         quick: whether the smoke-test sizes were used.
         seconds: the suite's wall time.
         torch_version: ``torch.__version__``.
+        crosscheck: :class:`~mpcourse.bench.crosscheck.CrosscheckRow` list, or a skip reason.
+        budget_s: the time budget the suite ran under (None: unbounded).
     """
     info: DeviceInfo
     matmul: dict[str, MaxMatmulResult | str]
-    bandwidth: BandwidthResult
-    alignment: list[AlignmentRow]
-    precisions: PrecisionComparison
+    bandwidth: BandwidthResult | str
+    alignment: list[AlignmentRow] | str
+    precisions: PrecisionComparison | str
     quick: bool
     seconds: float
     torch_version: str
+    crosscheck: list[CrosscheckRow] | str = "not run"
+    budget_s: float | None = None
 
 
 def run_suite(device=None, *, quick: bool = False, threads: int | None = None,
-              progress: bool = True) -> SuiteResults:
+              progress: bool = True, budget_s: float | None = None) -> SuiteResults:
     """Run every benchmark of the suite on ``device`` (default CUDA if available, else the CPU).
 
     Args:
@@ -73,6 +83,8 @@ def run_suite(device=None, *, quick: bool = False, threads: int | None = None,
             waiting for each other on a busy machine can be many times slower than one);
             unchanged on a GPU. Recorded in ``info.threads``.
         progress: a tqdm bar over the steps.
+        budget_s: the whole suite's time budget in seconds; steps that would start after it
+            is spent are skipped with that reason (None: no limit).
     """
     start = time.perf_counter()
     device = as_device(device)
@@ -80,16 +92,19 @@ def run_suite(device=None, *, quick: bool = False, threads: int | None = None,
         threads = 1
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive int, got {threads!r}")
+    if budget_s is not None and (isinstance(budget_s, bool) or not isinstance(budget_s, (int, float))
+                                 or not budget_s > 0):
+        raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
     saved_threads = torch.get_num_threads()
     try:
         if threads is not None:
             torch.set_num_threads(threads)
-        return _run(device, bool(quick), progress, start)
+        return _run(device, bool(quick), progress, start, budget_s)
     finally:
         torch.set_num_threads(saved_threads)
 
 
-def _run(device, quick, progress, start) -> SuiteResults:
+def _run(device, quick, progress, start, budget_s) -> SuiteResults:
     info = device_info(device)
     config = CONFIGS[("cuda" if device.type == "cuda" else "cpu", quick)]
     options = dict(budget_ms=config["budget_ms"], warmup_ms=config["budget_ms"] / 4)
@@ -106,14 +121,20 @@ def _run(device, quick, progress, start) -> SuiteResults:
         ("alignment", lambda: alignment_effect(config["alignment"], device=device, **options)),
         ("transformer block", lambda: compare_precisions(
             device, budget_ms=config["block_budget_ms"], **config["block"])),
+        ("do_bench crosscheck", lambda: compare_with_do_bench(device, budget_ms=config["budget_ms"])
+         if crosscheck_support(device)[0] else crosscheck_support(device)[1]),
     ]
     done = {}
     with tqdm(total=len(steps), desc="benchmarks", disable=not progress) as bar:
         for label, step in steps:
             bar.set_postfix_str(label)
-            done[label] = step()
+            spent = time.perf_counter() - start
+            if budget_s is not None and spent >= budget_s:
+                done[label] = f"the {budget_s:g} s budget was spent after {spent:.1f} s"
+            else:
+                done[label] = step()
             bar.update()
     matmul = {p: done[f"matmul {PRECISION_LABELS[p]}"] for p in PRECISIONS}
     return SuiteResults(info, matmul, done["memory bandwidth"], done["alignment"],
                         done["transformer block"], quick, time.perf_counter() - start,
-                        torch.__version__)
+                        torch.__version__, done["do_bench crosscheck"], budget_s)
