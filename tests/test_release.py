@@ -51,6 +51,32 @@ def test_every_install_cell_the_package_and_the_changelog_agree():
         assert pins == [VERSION], f"{path} installs {pins or 'an unpinned mpcourse'}, not v{VERSION}"
 
 
+# Keep a Changelog's sections that change what a user of the library or the exercises calls.
+API_SECTIONS = ("### Added", "### Changed", "### Deprecated", "### Removed")
+
+
+def unreleased_api_changes(changelog: str) -> list[str]:
+    """The public-API sections ("### Added", ...) listed under "## [Unreleased]"."""
+    unreleased = changelog.split("## [Unreleased]", 1)[1].split("\n## [", 1)[0]
+    return [line.strip() for line in unreleased.splitlines() if line.strip() in API_SECTIONS]
+
+
+def test_a_public_api_change_is_released_in_the_same_change():
+    # The notebooks on main install the tag of pyproject.toml's version (tested above), and the tag
+    # workflow creates that tag when the version changes. So an API change the notebooks use must
+    # bump the version in the same change (`make release`): "Unreleased" may only hold fixes.
+    sections = unreleased_api_changes((ROOT / "CHANGELOG.md").read_text())
+    assert not sections, (f"CHANGELOG.md lists {sections} under Unreleased: a public-API change must "
+                          "ship in a release (make release VERSION=x.y.z) in the same change")
+
+
+def test_the_unreleased_check_sees_api_sections_and_lets_fixes_through():
+    head = "# Changelog\n\n## [Unreleased]\n\n"
+    tail = "\n## [0.1.0] - 2026-01-01\n\n### Added\n- old\n"
+    assert unreleased_api_changes(head + "### Fixed\n- a typo\n" + tail) == []
+    assert unreleased_api_changes(head + "### Added\n- `doctor`\n### Fixed\n- x\n" + tail) == ["### Added"]
+
+
 def test_a_release_moves_the_version_the_changelog_and_the_notebooks_together(tmp_path):
     for name in ("pyproject.toml", "CHANGELOG.md", "_config.yml"):
         shutil.copy(ROOT / name, tmp_path / name)
@@ -94,3 +120,5 @@ def test_the_workflows_run_the_readme_commands():
     text = {p.name: p.read_text() for p in WORKFLOWS}
     assert "run: make test" in text["tests.yml"] and "pull_request" in text["tests.yml"]
     assert "run: make book" in text["book.yml"] and "actions/deploy-pages" in text["book.yml"]
+    # A version change on main becomes the tag that the notebooks' install cells pin.
+    assert "paths: [pyproject.toml]" in text["tag.yml"] and "refs/tags/v$version" in text["tag.yml"]
