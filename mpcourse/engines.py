@@ -153,10 +153,12 @@ def _flat_grad(module) -> torch.Tensor:
 
 
 def _backward(model, rank, step, seed, autocast_dtype) -> None:
-    """One forward under autocast and one backward of this rank's batch for ``step``."""
+    """One forward under autocast (in FP32 if ``autocast_dtype`` is None) and one backward of this
+    rank's batch for ``step``."""
     x, y = rank_batch(rank, step=step, seed=seed)
     model.zero_grad()
-    with torch.autocast("cpu", dtype=autocast_dtype):
+    with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16,
+                        enabled=autocast_dtype is not None):
         loss = F.cross_entropy(model(x), y)
     loss.backward()
 
@@ -198,6 +200,9 @@ def _ddp_worker(rank, world_size, hooks, steps, autocast_dtype, seed):
 def ddp_hooks(world_size: int = 2, hooks=tuple(HOOKS), *, steps: int = 10,
               autocast_dtype=torch.bfloat16, seed: int = 0):
     """Train-step the digits MLP under DDP and autocast with each comm hook (one launch).
+
+    ``autocast_dtype=None`` runs the forward and backward in FP32 (FP32-valued gradients: the
+    ablation of the BF16-valued ones that BF16 autocast produces).
 
     Returns ``(rows, refused, n_params)``: a :class:`HookResult` per hook (rank 0's view), the
     error PyTorch's ``bf16_compress_hook`` raised on gloo (None if it ran), and the parameter count.
@@ -260,8 +265,10 @@ def shard(model, policy=None, *, norm_policy=None, root_policy=None,
     embeddings, the final norm and the head), all with ``policy``; with ``norm_policy``, every
     LayerNorm first becomes a module of its own with that policy (``fully_shard`` on the inner
     modules first, the root last, as FSDP2 requires); ``root_policy``, if given, replaces
-    ``policy`` for the root alone (an ``output_dtype`` belongs there: set on every block, it would
-    hand the next block's BF16 LayerNorm an FP32 input, which CPU LayerNorm refuses)."""
+    ``policy`` for the root alone (an ``output_dtype`` belongs there: set on every block, the
+    next block still receives BF16, since FSDP2 casts each module's inputs to ``param_dtype``, but
+    the last block's FP32 output reaches the root's final LayerNorm, whose weight is BF16, and CPU
+    LayerNorm refuses the mix: see :func:`output_dtype_on_every_block`)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -348,6 +355,34 @@ def _policy_worker(rank, world_size, seed):
         full = torch.cat([p.grad.full_tensor().flatten() for p in model.parameters()])
         errors[wire] = relative_error(full, exact)
     return (out, errors) if rank == 0 else None
+
+
+def _every_block_worker(rank, world_size, seed):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    x, y = lm_rank_batch(rank, world_size, seed=seed)
+    model, seen, entered = transformer(seed), {}, []
+    shard(model, MixedPrecisionPolicy(torch.bfloat16, torch.float32, output_dtype=torch.float32))
+    _watch(model.blocks[0], "first block", seen)
+    _watch(model.blocks[1], "second block", seen)
+    for name, module in model.named_modules():
+        module.register_forward_pre_hook(lambda module, args, name=name: entered.append(name))
+    try:
+        lm_loss(model, x, y).backward()
+        seen["error"] = None
+    except RuntimeError as error:
+        seen["error"] = f"RuntimeError: {str(error).strip().splitlines()[0]}"
+    seen["failing module"] = entered[-1] if seen["error"] else None
+    return seen if rank == 0 else None
+
+
+def output_dtype_on_every_block(world_size: int = 2, *, seed: int = 0) -> dict:
+    """FSDP2 with ``MixedPrecisionPolicy(bf16, fp32, output_dtype=fp32)`` on every block and the
+    root of the tiny transformer (one launch): rank 0's dtypes (``"first block output"``,
+    ``"second block input"``, ...), the ``"error"`` the forward raised (None if it ran) and the
+    ``"failing module"``, the last module whose forward had started."""
+    _check_world_sizes(world_size)
+    return run_workers(_every_block_worker, world_size, seed, backend=BACKEND)[0]
 
 
 def fsdp_policies(world_size: int = 2, *, seed: int = 0):
@@ -447,13 +482,16 @@ def memory_per_rank(world_size: int = 2, *, seed: int = 0):
 # ---------------------------------------------------------------------------------------------
 # FP16 with a sharded gradient scaler, and sharded checkpoints (DCP)
 
+CHECKPOINT_LR = 3e-3  # AdamW's learning rate in checkpoint_roundtrip
+
+
 def _fp16_trainer(seed, init_scale):
     from torch.distributed.fsdp import MixedPrecisionPolicy
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
     model = transformer(seed)
     shard(model, MixedPrecisionPolicy(torch.float16, torch.float32))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=CHECKPOINT_LR)
     return model, optimizer, ShardedGradScaler("cpu", init_scale=init_scale)
 
 

@@ -177,3 +177,27 @@ def plot_magnitude_histogram(values, ax=None, *, fmt="fp16", label=None, color=N
     if limits:
         draw_limits(ax, fmt)
     return ax
+
+
+def legend_in_view(ax, shaded=(), **legend_options):
+    """Rebuild ``ax``'s legend from what the reader can see: the labelled lines that lie inside the
+    x-range shown (a vertical line drawn off the axis is left out), plus one patch per shaded range.
+
+    ``shaded`` holds ``(label, color, alpha)`` for ranges drawn with ``axvspan``, which carry no
+    legend entry of their own. Returns ``ax``.
+    """
+    low, high = sorted(ax.get_xlim())
+    handles = []
+    for line in ax.get_lines():
+        label = line.get_label()
+        if label.startswith("_"):
+            continue  # matplotlib's name for an artist kept out of the legend
+        xs = np.asarray(line.get_xdata(), dtype=float)
+        if xs.size and ((xs >= low) & (xs <= high)).any():
+            handles.append(line)
+    handles += [Patch(color=color, alpha=alpha, label=label) for label, color, alpha in shaded]
+    if not handles:
+        raise ValueError("nothing to put in the legend: no labelled line lies in view and no "
+                         "shaded range was given")
+    ax.legend(handles=handles, **legend_options)
+    return ax

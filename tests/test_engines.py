@@ -23,6 +23,23 @@ def test_ddp_compression_halves_bytes_and_costs_precision(hooks):
     assert rows["bf16"].step_error < 2 ** -7  # within a few BF16 roundings
 
 
+def test_fp32_valued_gradients_cost_the_fp16_hook_its_exactness(hooks):
+    """Under BF16 autocast the gradients are BF16-valued, which FP16 holds exactly; with autocast
+    off (FP32-valued gradients) the FP16 hook must round its inputs too."""
+    rows32, _, _ = engines.ddp_hooks(2, hooks=("fp16", "bf16"), steps=2, autocast_dtype=None)
+    by32 = {row.hook: row for row in rows32}
+    by = {row.hook: row for row in hooks[0]}
+    assert by32["fp16"].step_error > by["fp16"].step_error
+    assert by32["fp16"].step_error < by32["bf16"].step_error
+
+
+def test_output_dtype_on_every_block_fails_in_the_roots_norm_not_the_next_block():
+    seen = engines.output_dtype_on_every_block(2)
+    assert seen["first block output"] == "torch.float32"
+    assert seen["second block input"] == "torch.bfloat16"  # FSDP2 casts each module's inputs
+    assert seen["error"] is not None and seen["failing module"] == "norm"
+
+
 def test_unknown_hook_is_refused():
     with pytest.raises(ValueError, match="unknown hooks"):
         engines.ddp_hooks(2, hooks=("fp64",))

@@ -7,7 +7,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from mpcourse.plotting import plot_magnitude_histogram  # noqa: E402
+from mpcourse.plotting import legend_in_view, plot_magnitude_histogram  # noqa: E402
 
 
 def bars(ax):
@@ -42,3 +42,24 @@ def test_magnitude_histogram_accepts_arrays_and_draws_the_format_limits_once():
 def test_magnitude_histogram_rejects_empty_input():
     with pytest.raises(ValueError, match="at least one value"):
         plot_magnitude_histogram(torch.tensor([]))
+
+
+def test_legend_in_view_drops_lines_off_the_axis_and_lists_the_shaded_ranges():
+    _, ax = plt.subplots()
+    ax.plot([1, 10], [0, 1], label="_data")
+    ax.axvline(5, label="inside")
+    ax.axvline(1e6, label="off the axis")
+    ax.set_xlim(0.5, 20)
+    legend_in_view(ax, shaded=[("FP16 range", "tab:blue", 0.1)])
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["inside", "FP16 range"]
+    plt.close("all")
+
+
+def test_legend_in_view_refuses_an_empty_legend():
+    _, ax = plt.subplots()
+    ax.axvline(1e6, label="off the axis")
+    ax.set_xlim(0, 1)
+    with pytest.raises(ValueError, match="nothing to put in the legend"):
+        legend_in_view(ax)
+    plt.close("all")
