@@ -339,13 +339,17 @@ def normalised(submission: dict, release: dict) -> dict:
 # between its letters (browsers drop them).
 DANGEROUS_SCHEME = re.compile("(?i)(" + "|".join(r"[\s\x00-\x1f]*".join(word) for word in
                                                  ("javascript", "vbscript", "data", "livescript")) + r")[\s\x00-\x1f]*:")
+LINK_SYNTAX = re.compile(r"\](\s*)([(\[:])")  # [text](address), [text][ref], [ref]: address
 MATH_LINKS = re.compile(r"\\(href|url|class|cssId|style|data|unicode|require)\b")
 
 
 def inert_markdown(text: str) -> str:
-    """Markdown that renders as text, not HTML: `&` and `<` escaped (so no entity decodes into a
-    tag or a `javascript:`), dangerous URL schemes broken, MathJax's link commands disabled."""
+    """Markdown that renders as text, not HTML: `&` and `<` escaped, no link or image (their
+    syntax broken: the Markdown renderer decodes entities in addresses, even escaped ones, so an
+    address cannot be made safe by escaping), dangerous URL schemes broken in the text too,
+    MathJax's link commands disabled."""
     text = text.replace("&", "&amp;").replace("<", "&lt;")
+    text = LINK_SYNTAX.sub(lambda m: "]" + m.group(1) + "\\" + m.group(2), text)
     text = DANGEROUS_SCHEME.sub(lambda m: re.sub(r"[\s\x00-\x1f]", "", m.group(1)) + "-blocked:", text)
     return MATH_LINKS.sub(lambda m: f"\\text{{{m.group(1)}-blocked}}", text)
 
@@ -357,8 +361,8 @@ def safe_message(message: str, *, secrets: list[str], hidden_lines: set[str]) ->
     if any(line in text for line in hidden_lines):
         return "(the message quotes the hidden tests: withheld, your instructor can see it)"
     for secret in secrets:
-        if secret and secret in text:
-            text = text.replace(secret, "(withheld)")
+        if secret and secret in text:  # a seed only as a number of its own, not inside another
+            text = re.sub(rf"(?<![0-9]){secret}(?![0-9])" if secret.isdigit() else re.escape(secret), "(withheld)", text)
     text = re.sub(r"[0-9a-fA-F]{16,}", "(withheld)", text)  # a secret's fragment, hashed or not
     text = "\n".join(text.splitlines()[:4])
     return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + " [...]"
