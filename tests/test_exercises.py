@@ -14,7 +14,6 @@ import html
 import json
 import os
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -276,9 +275,11 @@ def test_the_targeted_attacks_are_caught_for_the_reason_they_exist(graded_with_r
 @pytest.mark.parametrize("student", autograde.ACCIDENTS)
 def test_an_honest_accident_costs_at_most_the_part_it_touches(graded, student):
     _, scores = graded
-    lost = autograde.ACCIDENT_COSTS.get(student)
-    assert scores["hostile"][student] == {gid: (0 if autograde.part_of(gid) == lost else p)
-                                          for gid, p in points(HOSTILE_TARGET).items()}
+    lost = autograde.ACCIDENT_COSTS.get(student)  # lost if it outlasts the timeout: a slow C call may not
+    for gid, p in points(HOSTILE_TARGET).items():
+        assert scores["hostile"][student][gid] in ((0, p) if autograde.part_of(gid) == lost else (p,)), gid
+    if student == "ignores_sigint":  # an endless loop always outlasts it
+        assert scores["hostile"][student]["p1_tests"] == 0
 
 
 @needs_sandbox

@@ -2,25 +2,32 @@
 
     grade(course, assignment, students=None, sandbox=True) -> Report
 
-For each student, in a sandbox of their own (bubblewrap: own process, network and file-system
-view, the course directory hidden, time and memory limits; every process in it ends with it):
+The submission is read as JSON only, never through a symbolic link (a submission that is or
+holds one is refused, with the reason). Then, for each student, two sandboxes of their own
+(tools/sandbox.py: they see only the system's /usr, the Python environment, the course library
+and the files of the run, as an unprivileged user with a cleared environment, RAM-backed /tmp
+the only writable place, limits on processes, memory, CPU and wall-clock time):
 
 1. the submitted notebook runs under nbgrader against the *release* (visible tests only), so the
-   feedback shows the student's outputs and ticks. No grade depends on this run;
+   feedback shows the student's outputs and ticks; the notebook as run comes back over a pipe,
+   as data. No grade depends on this run, and it stops after `feedback_seconds(timeout)`
+   whatever the number of cells;
 2. `tools/hidden_tests.py` runs each part's test cell, hidden tests included, from the
-   instructor's source, on the student's answer cells only (see that file).
+   instructor's source, on the student's answer cells only (see that file); the job goes in on
+   its stdin, the verdicts come out on its stdout.
 
-Then, here, outside any sandbox: the points of each passed part are written to the gradebook
-with nbgrader's own API, and the feedback notebook is rebuilt from the student's run: outputs
-reduced to text and checked images, Markdown and raw HTML made inert, test cells shown as
-released plus the hidden tests' verdict and failure message (never their code). The Report names
-every student who could not be graded, and why. Nothing a submission contains is executed here;
-only its JSON is read.
+Then, here, outside any sandbox, as soon as each student is done: the points of each passed part
+are written to the gradebook with nbgrader's own API, and the feedback notebook is rebuilt from
+the data of the student's run: outputs reduced to text and checked images (a million characters
+in all), Markdown made inert (no HTML, no links), test cells shown as released plus what the
+visible tests printed or raised and the hidden tests' verdict and failure message (capped, the
+secret, seeds and hidden-test lines withheld; never their code). The Report names every student
+who could not be graded, and why, lists the failure messages and flags answers to read by hand.
+Nothing a submission contains is executed here.
 """
 import ast
 import copy
 import hashlib
-import html
 import json
 import os
 import re
@@ -29,7 +36,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -38,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sandbox as sandboxing  # noqa: E402
+from review_flags import PARSING, review_flags  # noqa: E402  (one lock: ast.parse is not thread-safe in 3.11)
 
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
@@ -46,7 +53,6 @@ PLACEHOLDER_SECRET = "public-placeholder"
 NOTEBOOK_BYTES = 50 * 2**20      # the largest notebook read, submitted or run
 OUTPUT_CHARS = 1_000_000          # the feedback's outputs, all cells together
 MESSAGE_CHARS = 300               # a failure message in the feedback
-PARSING = threading.Lock()      # CPython 3.11's ast.parse is not safe in two threads at once
 IMAGE = re.compile(r"^[A-Za-z0-9+/=\s]*$")
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # nbgrader calls alembic
 
@@ -237,83 +243,6 @@ def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int) -
                       "cells": [[g, src] for g, src in answers if part_of(g) in needed],
                       "test": source_text(cells[test])})
     return {"secret": secret, "timeout": timeout, "setup": source_text(cells["setup"]), "parts": parts}
-
-
-# What an answer needs no part of: reaching into the runner, the system or the libraries. Each is
-# a reason for the instructor to read the answer (a flag, not a verdict: the grade stands).
-SUSPECT_CALLS = {
-    "_getframe": "reads the call stack", "currentframe": "reads the call stack",
-    "get_referrers": "searches the garbage collector", "get_objects": "searches the garbage collector",
-    "fork": "starts processes", "forkpty": "starts processes", "setsid": "starts a new session",
-    "Popen": "starts processes", "system": "runs a shell command", "spawnv": "starts processes",
-    "symlink": "makes symbolic links", "link": "makes links", "settrace": "switches tracers",
-    "setprofile": "switches profilers", "__import__": "imports by name", "exec": "runs code from text",
-    "eval": "runs code from text",
-    "dup2": "rewires file descriptors", "prctl": "changes process settings", "ptrace": "traces processes",
-}
-SUSPECT_NAMES = {
-    "f_back": "reads the call stack", "f_locals": "reads the call stack", "f_globals": "reads the call stack",
-    "tb_frame": "reads the call stack", "gi_frame": "reads the call stack",
-    "__code__": "rewrites code objects", "co_code": "rewrites code objects", "CodeType": "rewrites code objects",
-    "FunctionType": "builds functions from code objects", "__globals__": "reaches into a function's globals",
-    "sqlite3": "opens databases", "inspect": "inspects frames or source", "gc": "searches the garbage collector", "ctypes": "calls C directly", "signal": "handles signals",
-    "multiprocessing": "starts processes", "subprocess": "starts processes", "pty": "starts processes",
-    "__builtins__": "changes built-ins", "builtins": "changes built-ins", "__class__": "changes an object's class",
-    "__subclasses__": "walks the class tree", "__dict__": "reaches into objects' dictionaries",
-}
-SUSPECT_TEXT = {"/proc": "reads /proc", "/dev/fd": "reads file descriptors", "/sys": "reads /sys",
-                "gradebook": "mentions the gradebook", ".db": "mentions a database file", "sqlite": "opens databases",
-                "hidden_tests": "mentions the hidden-test runner", "RESULT": "mentions the runner's result line"}
-LIBRARIES = {"torch", "numpy", "np", "math", "builtins", "grading", "mpcourse", "sys", "os", "F", "nn"}
-
-
-def library_of(node) -> str | None:
-    """`torch` for `torch`, `torch.Tensor`, `torch.nn.functional[...]`: the library an expression
-    names, if it starts with one."""
-    while isinstance(node, (ast.Attribute, ast.Subscript)):
-        node = node.value
-    return node.id if isinstance(node, ast.Name) and node.id in LIBRARIES else None
-
-
-def review_flags(submission: dict) -> dict[str, list[str]]:
-    """{part: [why to read it]} for answer cells that touch the runner, the system or the libraries
-    (parsed, never run): frames, /proc, processes, links, databases, code objects, assignments to
-    attributes of torch, numpy and the like."""
-    flags: dict[str, set] = {}
-    for cell in submission["cells"]:
-        gid = grade_id(cell)
-        if cell.get("cell_type") != "code" or not gid or "solution" not in gid:
-            continue
-        text = source_text(cell)
-        found = {why for needle, why in SUSPECT_TEXT.items() if needle in text}
-        try:
-            with PARSING:
-                tree = ast.parse(without_magics(text))
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            found.add("cannot be parsed")
-            tree = ast.Module(body=[], type_ignores=[])
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call):
-                called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-                if SUSPECT_CALLS.get(called):
-                    found.add(SUSPECT_CALLS[called])
-                if called in ("setattr", "delattr") and node.args and library_of(node.args[0]):
-                    found.add(f"assigns to an attribute of {library_of(node.args[0])}")
-            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else (
-                node.names[0].name if isinstance(node, (ast.Import, ast.ImportFrom)) and node.names else None)
-            if isinstance(node, ast.ImportFrom) and node.module:
-                name = node.module
-            if name and SUSPECT_NAMES.get(name.split(".")[0]):
-                found.add(SUSPECT_NAMES[name.split(".")[0]])
-            targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
-                       if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
-            targets += node.targets if isinstance(node, ast.Delete) else []
-            for target in targets:
-                if isinstance(target, (ast.Attribute, ast.Subscript)) and library_of(target.value):
-                    found.add(f"assigns to an attribute of {library_of(target.value)}")
-        if found:
-            flags.setdefault(part_of(gid), set()).update(found)
-    return {part: sorted(why) for part, why in flags.items()}
 
 
 def normalised(submission: dict, release: dict) -> dict:
