@@ -664,3 +664,23 @@ def test_honest_solutions_are_not_flagged_and_runner_tricks_are(assignment):
     assert "reads the call stack" in flags["p1"] and "starts processes" in flags["p2"]
     assert "assigns to an attribute of torch" in flags["p3"]
     assert {"opens databases", "makes symbolic links", "reads /proc", "rewrites code objects"} <= set(flags["p4"])
+
+
+def test_without_cgroups_students_are_graded_one_at_a_time(monkeypatch, tmp_path):
+    """Where no sandbox can get its own CPU share, none gets a neighbour to starve."""
+    from concurrent.futures import ThreadPoolExecutor
+    pools = []
+
+    class Pool(ThreadPoolExecutor):
+        def __init__(self, workers):
+            pools.append(workers)
+            super().__init__(workers)
+
+    monkeypatch.setattr(grader, "ThreadPoolExecutor", Pool)
+    monkeypatch.setattr(grader, "sandbox_problem", lambda: None)
+    autograde.make_course(tmp_path, [HOSTILE_TARGET])
+    for available, expected in ((True, 2), (False, 1)):
+        monkeypatch.setattr(grader.sandboxing, "cgroups_available", lambda: available)
+        with pytest.warns(UserWarning, match="placeholder"):
+            grader.grade(tmp_path, HOSTILE_TARGET, workers=2)
+        assert pools[-1] == expected

@@ -172,6 +172,13 @@ def make_cgroups(limits: Limits) -> dict[str, Path]:
         return {}
 
 
+def cgroups_available() -> bool:
+    """Whether this machine gives each sandbox its own cgroups (and so its own share of the CPU)."""
+    made = make_cgroups(Limits(1, 1))
+    remove_cgroups(made)
+    return bool(made)
+
+
 def cgroup_pids(cgroups: dict[str, Path]) -> list[int]:
     try:
         return [int(p) for p in (cgroups["pids"] / "cgroup.procs").read_text().split()]
