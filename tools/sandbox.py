@@ -26,8 +26,10 @@ checked twice a second); the whole run ends after `seconds` of wall-clock time. 
 the exit status, the last 20 kB of stdout and stderr, and at most `output_bytes` from file
 descriptor 3 (a pipe: the only way a result leaves the sandbox).
 """
+import grp
 import itertools
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -38,7 +40,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-UID_BASE = 64000                 # sandbox slot k runs as uid and gid UID_BASE + k (no such user needed)
+# Sandbox slot k runs as uid and gid UID_BASE + k: far above the ranges that distributions give to
+# users, services and containers' subordinate ids; a uid some account has is skipped.
+UID_BASE = 1_900_000_000
 SLOTS = itertools.count()
 SLOT_LOCK = threading.Lock()
 FREE_SLOTS: list[int] = []
@@ -217,7 +221,23 @@ def remove_cgroups(cgroups: dict[str, Path]) -> None:
 
 def _slot() -> int:
     with SLOT_LOCK:
-        return FREE_SLOTS.pop() if FREE_SLOTS else next(SLOTS)
+        if FREE_SLOTS:
+            return FREE_SLOTS.pop()
+        while True:
+            slot = next(SLOTS)
+            if not _taken(UID_BASE + slot):
+                return slot
+
+
+def _taken(uid: int) -> bool:
+    """Whether an account or a group has this id."""
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(uid)
+            return True
+        except KeyError:
+            pass
+    return False
 
 
 def _release(slot: int) -> None:
