@@ -9,8 +9,14 @@ issue 16 is graded in one run, with short timeouts, and only the submissions who
 matters (feedback, output, kernel) are executed.
 """
 from html.parser import HTMLParser
+import hashlib
+import html
 import json
+import os
+import re
 import sys
+import threading
+import time
 from pathlib import Path
 
 import nbformat
@@ -43,7 +49,11 @@ def graded_with_reports(tmp_path_factory):
     jobs = {name: (name, autograde.submissions(name), 30, {"full"}) for name in ASSIGNMENTS}
     jobs["hostile"] = (HOSTILE_TARGET, {s: c for s, c in autograde.submissions(HOSTILE_TARGET, hostile=True).items()
                                         if s not in ("full", "blank", "partial", "reference")}, 10, autograde.EXECUTED)
-    results = autograde.grade_many(workdir, jobs)
+    os.environ["MPCOURSE_INSTRUCTOR_TOKEN"] = autograde.INSTRUCTOR_TOKEN  # what a sandbox must not see
+    try:
+        results = autograde.grade_many(workdir, jobs)
+    finally:
+        del os.environ["MPCOURSE_INSTRUCTOR_TOKEN"]
     autograde.nbgrader(workdir / "hostile", "generate_feedback", HOSTILE_TARGET, "--force")
     return workdir, {k: v[0] for k, v in results.items()}, {k: v[1] for k, v in results.items()}
 
@@ -224,8 +234,11 @@ def test_a_hostile_last_part_loses_that_part_only_and_the_grader_finishes(graded
 @needs_sandbox
 def test_every_student_is_graded_and_a_dead_kernel_is_named(graded_with_reports):
     _, _, reports = graded_with_reports
-    for report in reports.values():
-        assert report.not_graded == {}
+    for name, report in reports.items():
+        refused = autograde.REFUSED if name == "hostile" else {}
+        assert set(report.not_graded) == set(refused)
+        for student, why in refused.items():
+            assert why in report.not_graded[student]
     assert "os_exit" in reports["hostile"].notes  # its notebook run died: named, feedback as submitted
 
 
@@ -262,9 +275,11 @@ def test_the_targeted_attacks_are_caught_for_the_reason_they_exist(graded_with_r
 @pytest.mark.parametrize("student", autograde.ACCIDENTS)
 def test_an_honest_accident_costs_at_most_the_part_it_touches(graded, student):
     _, scores = graded
-    lost = autograde.ACCIDENT_COSTS.get(student)
-    assert scores["hostile"][student] == {gid: (0 if autograde.part_of(gid) == lost else p)
-                                          for gid, p in points(HOSTILE_TARGET).items()}
+    lost = autograde.ACCIDENT_COSTS.get(student)  # lost if it outlasts the timeout: a slow C call may not
+    for gid, p in points(HOSTILE_TARGET).items():
+        assert scores["hostile"][student][gid] in ((0, p) if autograde.part_of(gid) == lost else (p,)), gid
+    if student == "ignores_sigint":  # an endless loop always outlasts it
+        assert scores["hostile"][student]["p1_tests"] == 0
 
 
 @needs_sandbox
@@ -295,7 +310,7 @@ def test_the_feedback_runs_no_student_html_and_shows_no_hidden_test(graded):
     secret -= public  # a hidden line may repeat one students are shown anyway
     assert len(secret) > 20
     pages = sorted((workdir / "hostile" / "feedback").glob(f"*/{HOSTILE_TARGET}/*.html"))
-    assert len(pages) == len(scores["hostile"])
+    assert len(pages) == len(set(scores["hostile"]) - set(autograde.REFUSED))  # a refused submission gets none
     for page in pages:
         html = page.read_text()
         assert not active_html(html, autograde.SCRIPT_MARK), page
@@ -364,11 +379,308 @@ def test_malformed_submissions_are_refused_clearly_not_with_a_crash(tmp_path):
         grader.read_notebook(deep)
 
 
-def test_no_sandbox_sees_the_secret_or_the_private_folders(tmp_path):
-    hidden = set(grader.private_paths(tmp_path))
-    for base in (tmp_path, ROOT):  # the course, and the repository that holds the grader
-        assert {base / name for name in (".git", "grade-demo", "solutions", "nbgrader_config.py",
-                                         "gradebook.db", "submitted")} <= hidden
-    template = grader.template_course(ROOT, ASSIGNMENTS[0], tmp_path)  # what each sandbox gets
+def test_the_template_course_holds_no_secret(tmp_path):
+    template = grader.template_course(ROOT, ASSIGNMENTS[0], tmp_path)  # what each feedback sandbox gets
     assert "HiddenTests" not in (template / "nbgrader_config.py").read_text()
     assert "HiddenTests" in (ROOT / "nbgrader_config.py").read_text()
+
+
+# --- issue 31: what a sandbox shows, what it may use, what comes back ------------------------
+
+SEES = r"""
+import json, os, sys
+course = sys.argv[1]
+def readable(path):
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+        return True
+    except OSError:
+        return False
+found = {"uid": os.getuid(), "environ": sorted(os.environ),
+         "readable": [p for p in sys.argv[2:] if readable(p) or os.path.isdir(p)]}
+for place in ("/work", os.path.dirname(course), "/root", "/home"):
+    try:
+        found[place] = sorted(os.listdir(place))
+    except OSError:
+        found[place] = None
+try:
+    open(os.path.join(os.path.dirname(sys.argv[0]) or "/", "written"), "w").write("x")
+    found["wrote next to the script"] = True
+except OSError:
+    found["wrote next to the script"] = False
+print("SEEN " + json.dumps(found))
+"""
+
+
+def in_sandbox(tmp_path, script, *arguments, limits=None, sandbox=True):
+    folder = tmp_path / "shown"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "script.py").write_text(script)
+    limits = limits or grader.sandboxing.Limits(seconds=60, cpu_seconds=60)
+    return grader.run_sandboxed(["/bin/sh", "-c", 'exec python "$GRADING/script.py" "$@"', "sh", *map(str, arguments)],
+                                folder=folder, limits=limits, sandbox=sandbox)
+
+
+@needs_sandbox
+def test_a_sandbox_shows_only_what_grading_needs_as_an_unprivileged_user(tmp_path, monkeypatch):
+    course = tmp_path / "course"
+    private = [course / "downloaded" / "classmate" / "ex.ipynb", course / "grades.csv", course / "gradebook.db",
+               course / "_build" / "release-gradebook.db", course / "solutions" / "ex" / "ex.ipynb",
+               ROOT / ".git", ROOT / "solutions", ROOT / "tools" / "grader.py", ROOT / "nbgrader_config.py",
+               Path("/etc/shadow")]
+    for path in private[:5]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("private")
+    monkeypatch.setenv("MPCOURSE_INSTRUCTOR_TOKEN", autograde.INSTRUCTOR_TOKEN)
+    run = in_sandbox(tmp_path, SEES, course, *private, ROOT / "mpcourse" / "grading.py")
+    seen = json.loads(run.stdout.split("SEEN ", 1)[1])
+    assert seen["uid"] >= grader.sandboxing.UID_BASE
+    assert seen["readable"] == [str(ROOT / "mpcourse" / "grading.py")], "only the library, of all these"
+    assert "MPCOURSE_INSTRUCTOR_TOKEN" not in seen["environ"] and len(seen["environ"]) < 15
+    assert seen[str(course.parent)] is None and seen["/home"] is None
+    shown = grader.python_environment()  # the folders on the way to these are empty but for them
+    assert set(seen["/root"] or []) <= {p.relative_to("/root").parts[0] for p in shown if p.is_relative_to("/root")}
+    assert not seen["wrote next to the script"]
+    assert Path("/etc/shadow").exists() and not (tmp_path / "shown" / "written").exists()
+
+
+FORKS = r"""
+import os, sys, time
+started = 0
+for _ in range(int(sys.argv[1])):
+    try:
+        if os.fork() == 0:
+            os.setsid()
+            while True:
+                pass
+        started += 1
+    except OSError:
+        break
+print("STARTED", started, flush=True)
+time.sleep(600)
+"""
+NEIGHBOUR = r"""
+import time
+started = time.perf_counter()
+total = 0
+for i in range(20_000_000):
+    total += i
+print("SECONDS", time.perf_counter() - started)
+"""
+
+
+@needs_sandbox
+def test_busy_processes_in_new_sessions_do_not_starve_a_neighbour(tmp_path):
+    """Two sandboxes side by side: one starts as many busy processes as it can, in new sessions;
+    the other does a fixed amount of work. The busy one holds at most its CPU share (cgroup), the
+    number of processes it may start is capped, and the neighbour's slowdown is measured."""
+    limits = grader.sandboxing.Limits(seconds=25, cpu_seconds=100, processes=64)
+    alone = in_sandbox(tmp_path / "alone", NEIGHBOUR, limits=limits)
+    attacker = {}
+    thread = threading.Thread(target=lambda: attacker.update(run=in_sandbox(tmp_path / "attacker", FORKS, 400, limits=limits)))
+    thread.start()
+    time.sleep(5)
+    beside = in_sandbox(tmp_path / "next", NEIGHBOUR, limits=limits)
+    thread.join()
+    run = attacker["run"]
+    assert alone.returncode == 0 and beside.returncode == 0, beside.stderr
+    slowdown = float(beside.stdout.split("SECONDS")[1]) / float(alone.stdout.split("SECONDS")[1])
+    print(f"neighbour's slowdown next to {run.stdout.strip()} busy processes: {slowdown:.2f}x")
+    assert run.killed == "time" and int(run.stdout.split("STARTED")[1]) < limits.processes
+    if run.cpu_seconds is not None:  # cgroups here: the busy sandbox got at most its share of the CPU
+        assert run.cpu_seconds <= limits.cpus * run.wall_seconds * 1.05 + 1
+
+
+FILLER = r"""
+import os
+written = 0
+try:
+    with open("/tmp/filler", "wb") as f:
+        for _ in range(4096):
+            f.write(b"x" * 2**20)
+            written += 1
+except OSError:
+    pass
+print("WRITTEN", written, flush=True)
+"""
+
+
+@needs_sandbox
+def test_the_only_writable_place_is_small_and_in_ram(tmp_path):
+    limits = grader.sandboxing.Limits(seconds=60, cpu_seconds=60, tmpfs_bytes=64 * 2**20)
+    run = in_sandbox(tmp_path, FILLER, limits=limits)
+    assert 0 < int(run.stdout.split("WRITTEN")[1]) <= 64
+
+
+@needs_sandbox
+def test_a_sandbox_ends_at_its_wall_clock_limit_with_everything_it_started(tmp_path):
+    mark = f"mpcourse-sandbox-test-{os.getpid()}"
+    run = in_sandbox(tmp_path, FORKS, 3, mark, limits=grader.sandboxing.Limits(seconds=5, cpu_seconds=100))
+    assert run.killed == "time" and run.returncode is None and "STARTED 3" in run.stdout
+    assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if mark.encode() in read_or_nothing(p)]
+
+
+def read_or_nothing(path):
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def test_the_feedback_runs_time_limit_does_not_grow_with_the_number_of_cells():
+    assert grader.feedback_limits(10).seconds == grader.feedback_seconds(10) < 24 * 10
+
+
+@needs_sandbox
+@pytest.mark.parametrize("student", autograde.ESCAPES)
+def test_an_escape_gets_what_an_honest_grader_gives(graded_with_reports, student):
+    _, scores, reports = graded_with_reports
+    full = points(HOSTILE_TARGET)
+    if student == "reads_classmates":
+        expected = {gid: 0 for gid in full}
+    elif student in autograde.REFUSED:
+        expected = {gid: 0 for gid in full}
+        assert autograde.REFUSED[student] in reports["hostile"].not_graded[student]
+    elif student in autograde.ESCAPE_COSTS:
+        expected = last_part_lost(HOSTILE_TARGET)
+    else:
+        expected = full
+    assert scores["hostile"][student] == expected
+
+
+def feedback_page(workdir, student):
+    return (workdir / "hostile" / "feedback" / student / HOSTILE_TARGET / f"{HOSTILE_TARGET}.html").read_text()
+
+
+@needs_sandbox
+def test_no_feedback_page_holds_the_secret_a_seed_or_the_instructors_environment(graded):
+    workdir, scores = graded
+    secret = grader.PLACEHOLDER_SECRET
+    for student in scores["hostile"]:
+        page = (workdir / "hostile" / "feedback" / student / HOSTILE_TARGET / f"{HOSTILE_TARGET}.html")
+        if not page.exists():
+            continue
+        text = page.read_text()
+        mine = hashlib.sha256(f"{secret}:{HOSTILE_TARGET}:{student}".encode()).hexdigest()
+        assert mine not in text and mine[:16] not in text and autograde.INSTRUCTOR_TOKEN not in text, student
+        assert not [s for s in grader.seeds_of(mine, 10) if re.search(rf"\b{s}\b", text)], student
+    assert "hidden tests failed" in feedback_page(workdir, "leaks_through_message")
+
+
+@needs_sandbox
+def test_the_feedback_is_built_from_data_not_from_a_file_the_sandbox_could_swap(graded):
+    workdir, _ = graded
+    graded_nb = workdir / "hostile" / "autograded" / "symlink_swap" / HOSTILE_TARGET / f"{HOSTILE_TARGET}.ipynb"
+    assert not graded_nb.is_symlink() and "root:" not in graded_nb.read_text()
+    assert not list((workdir / "hostile").rglob("filler")), "nothing a sandbox writes reaches the disk"
+
+
+@needs_sandbox
+def test_output_across_cells_is_capped_in_the_feedback(graded):
+    workdir, _ = graded
+    assert len(feedback_page(workdir, "huge_outputs")) < 4 * grader.OUTPUT_CHARS
+    assert "holds at most" in feedback_page(workdir, "huge_outputs")
+
+
+@needs_sandbox
+def test_many_looping_cells_stop_at_the_whole_runs_limit(graded_with_reports):
+    _, _, reports = graded_with_reports
+    report = reports["hostile"]
+    assert "ran past" in report.notes["many_looping_cells"]
+    # The whole run's limit, not 24 cells times the per-cell timeout (10 s here); the hidden tests after it.
+    assert report.seconds["many_looping_cells"] < grader.feedback_seconds(10) + grader.hidden_test_limits(4, 10).seconds
+
+
+def dangerous_addresses(page: str) -> list[str]:
+    """Addresses in tags a browser would follow or run, with entities decoded and blanks dropped."""
+    parsed = TagCollector()
+    parsed.feed(page)
+    addresses = [re.sub(r"[\s\x00-\x1f]", "", html.unescape(value or "")).lower()
+                 for _, attrs in parsed.tags for name, value in attrs if name in ("href", "src", "action", "xlink:href")]
+    return [a for a in addresses if a.startswith(("javascript:", "vbscript:", "data:"))]
+
+
+@needs_sandbox
+def test_entity_encoded_links_and_maths_links_are_made_inert(graded):
+    workdir, _ = graded
+    page = feedback_page(workdir, "entity_links")
+    assert not dangerous_addresses(page) and "\\href{" not in page
+    assert autograde.SCRIPT_MARK in page  # shown as text
+
+
+def test_the_link_check_sees_entity_encoded_javascript():
+    assert dangerous_addresses('<a href="&#106;avascript:alert(1)">x</a>')
+    assert dangerous_addresses('<a href="java&#x09;script:alert(1)">x</a>')
+    assert not dangerous_addresses('<a href="https://example.org">x</a>')
+
+
+def test_markdown_is_made_inert_against_entities_and_maths_links():
+    for text in ("[a](&#106;avascript:alert(1))", "[a](java\tscript:alert(1))", "[a](JaVaScRiPt:x)",
+                 "[a](data:text/html,x)", "<a href='javascript:x'>", "$\\href{javascript:x}{y}$",
+                 "[a][r]\n\n[r]: &#106;avascript:x", "![i](&#106;avascript:x)"):
+        inert = grader.inert_markdown(text)
+        assert "<a" not in inert and not re.search(r"(?i)j\s*a\s*v\s*a\s*s\s*c\s*r\s*i\s*p\s*t\s*:", inert), inert
+        assert "&#106;" not in inert and "\\href" not in inert and "data:" not in inert
+        assert "](" not in inert and "]:" not in inert and "][" not in inert  # no link syntax left
+
+
+def test_a_failure_message_leaks_no_secret_seed_or_hidden_test():
+    secret = "ab" * 32
+    hidden = {"assert stable_softmax(secret_input).max() < 2"}
+    seeds = grader.seeds_of(secret, 5)
+    assert grader.safe_message(f"got {secret} and {seeds[3]}", secrets=[secret, *seeds], hidden_lines=hidden) == \
+        "got (withheld) and (withheld)"
+    assert "withheld" in grader.safe_message("x = 1\nassert stable_softmax(secret_input).max() < 2", secrets=[],
+                                             hidden_lines=hidden)
+    assert len(grader.safe_message("y" * 100_000, secrets=[], hidden_lines=set())) < 2 * grader.MESSAGE_CHARS
+
+
+def test_a_symbolic_link_in_a_submission_is_refused_with_the_reason(tmp_path):
+    folder = tmp_path / "submitted" / "s" / "ex"
+    folder.mkdir(parents=True)
+    (tmp_path / "secret.ipynb").write_text(json.dumps({"cells": []}))
+    (folder / "ex.ipynb").symlink_to(tmp_path / "secret.ipynb")
+    with pytest.raises(ValueError, match="symbolic link"):
+        grader.read_submission(tmp_path, "s", "ex")
+    (folder / "ex.ipynb").unlink()
+    (folder / "ex.ipynb").write_text(json.dumps({"cells": []}))
+    assert grader.read_submission(tmp_path, "s", "ex") == {"cells": []}
+    (folder / "data").symlink_to("/etc")
+    with pytest.raises(ValueError, match="symbolic link"):
+        grader.read_submission(tmp_path, "s", "ex")
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_honest_solutions_are_not_flagged_and_runner_tricks_are(assignment):
+    def notebook_of(cells):
+        return {"cells": [{"cell_type": "code", "source": src, "metadata": {"nbgrader": {"grade_id": gid}}}
+                          for gid, src in cells.items()]}
+    assert grader.review_flags(notebook_of(autograde.solution_cells(assignment))) == {}
+    tricks = {"p1_solution": autograde.LEAK, "p2_solution": autograde.BUSY + autograde.SWAP,
+              "p3_solution": "import torch\ntorch.Tensor.__eq__ = lambda a, b: True\n",
+              "p4_solution": "import sqlite3, os\nos.symlink('/proc/1/fd/1', 'x')\nf = lambda: 0\nf.__code__ = f.__code__.replace()\n"}
+    flags = grader.review_flags(notebook_of(tricks))
+    assert "reads the call stack" in flags["p1"] and "starts processes" in flags["p2"]
+    assert "assigns to an attribute of torch" in flags["p3"]
+    assert {"opens databases", "makes symbolic links", "reads /proc", "rewrites code objects"} <= set(flags["p4"])
+
+
+def test_without_cgroups_students_are_graded_one_at_a_time(monkeypatch, tmp_path):
+    """Where no sandbox can get its own CPU share, none gets a neighbour to starve."""
+    from concurrent.futures import ThreadPoolExecutor
+    pools = []
+
+    class Pool(ThreadPoolExecutor):
+        def __init__(self, workers):
+            pools.append(workers)
+            super().__init__(workers)
+
+    monkeypatch.setattr(grader, "ThreadPoolExecutor", Pool)
+    monkeypatch.setattr(grader, "sandbox_problem", lambda: None)
+    autograde.make_course(tmp_path, [HOSTILE_TARGET])
+    for available, expected in ((True, 2), (False, 1)):
+        monkeypatch.setattr(grader.sandboxing, "cgroups_available", lambda: available)
+        with pytest.warns(UserWarning, match="placeholder"):
+            grader.grade(tmp_path, HOSTILE_TARGET, workers=2)
+        assert pools[-1] == expected

@@ -169,7 +169,95 @@ XSS_CODE = ("from IPython.display import HTML, Javascript, SVG, display\n"
             f"display(HTML(\"<script>alert('{SCRIPT_MARK}')</script><img src=x onerror=\\\"alert('{SCRIPT_MARK}')\\\">\"))\n"
             f"display(Javascript(\"alert('{SCRIPT_MARK}')\"))\n"
             f"display(SVG('<svg xmlns=\\\"http://www.w3.org/2000/svg\\\"><script>alert(\\\"{SCRIPT_MARK}\\\")</script></svg>'))\n")
-EXECUTED = {"xss_feedback", "vandal", "gigantic_output", "os_exit", "edited_test_cell", "monkeypatch"}
+
+# Issue 31: reading what grading does not need, leaking it, hurting the run and the neighbours.
+# reads_classmates starts from wrong answers and must score 0; the others are full solutions and
+# get full marks, except those in ESCAPE_COSTS (they replace the last part's cells: it scores 0)
+# and REFUSED (not graded, with the reason).
+INSTRUCTOR_TOKEN = "mpcourse-instructor-token-7d3e"  # put in the grader's environment by the tests
+STEAL = """
+
+import json as _json, os as _os
+for _where, _folders, _files in _os.walk('/'):
+    _folders[:] = [f for f in _folders if f not in ('proc', 'sys', 'dev', 'usr', 'site-packages', 'lib',
+                   'lib64', 'etc', 'var', 'boot', 'share', 'include', 'bin', 'node_modules') and not f.startswith('.')]
+    for _name in _files:
+        if _name.endswith('.ipynb'):
+            try:
+                _cells = _json.load(open(_os.path.join(_where, _name))).get('cells', [])
+            except Exception:
+                continue
+            for _cell in _cells:
+                _source = ''.join(_cell.get('source', ''))
+                if (_cell.get('metadata', {}).get('nbgrader', {}).get('solution') and '_json' not in _source
+                        and 'NotImplementedError' not in _source):
+                    try:
+                        exec(_source, globals())
+                    except Exception:
+                        pass
+"""
+LEAK = """import os, sys
+from mpcourse import grading
+found, frame = [], sys._getframe()
+while frame is not None:
+    for value in list(frame.f_locals.values()):
+        if isinstance(value, dict):
+            found += [str(value.get(key)) for key in ('test', 'secret', 'setup') if key in value]
+    frame = frame.f_back
+try:
+    shadow = open('/etc/shadow').read()
+except OSError as error:
+    shadow = repr(error)
+raise AssertionError(' | '.join([grading._secret, str(grading.seed(0)), str(grading.seed(1)),
+                                 repr(dict(os.environ)), shadow, *found]))
+"""
+SWAP = '''
+
+import subprocess, sys
+subprocess.Popen([sys.executable, '-c', """
+import glob, os, time
+targets = glob.glob('/etc/shadow') + glob.glob('/**/solutions/**/*.ipynb', recursive=True)
+for _ in range(400):
+    time.sleep(0.05)
+    for path in glob.glob('/**/autograded/**/*.ipynb', recursive=True):
+        try:
+            os.remove(path)
+            os.symlink(targets[-1], path)
+        except (OSError, IndexError):
+            pass
+"""], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+'''
+BUSY = """import os
+for _ in range(400):
+    if os.fork() == 0:
+        os.setsid()
+        while True:
+            pass
+"""
+FILLS = """import os
+chunk = b'x' * 2**20
+for folder in ('/tmp', os.getcwd(), os.path.expanduser('~')):
+    try:
+        with open(os.path.join(folder, 'filler'), 'ab') as f:
+            for _ in range(4096):
+                f.write(chunk)
+    except OSError:
+        pass
+hoard = []
+while True:
+    hoard.append(bytearray(2**28))
+"""
+HUGE_OUTPUT = "from IPython.display import display\ndisplay({'text/plain': 'y' * 1_900_000}, raw=True)\n"
+ENTITY_LINKS = (f"[a](&#106;avascript:alert('{SCRIPT_MARK}')) [b](&#x6A;&#x61;vascript&colon;alert(1)) "
+                "[c](java&#x09;script:alert(1)) [d](jav\tascript:alert(1)) [e](data:text/html;base64,PHNjcmlwdD4=)\n"
+                f"$\\href{{javascript:alert('{SCRIPT_MARK}')}}{{click}}$ $$\\href{{javascript:alert(1)}}{{x}}$$\n")
+ESCAPE_COSTS = {"leaks_through_message": "last", "busy_processes": "last", "fills_ram_and_disk": "last"}
+REFUSED = {"symlinked_submission": "symbolic link", "links_in_submission": "symbolic link"}
+ESCAPES = ["reads_classmates", "leaks_through_message", "symlink_swap", "many_looping_cells", "busy_processes",
+           "fills_ram_and_disk", "huge_outputs", "entity_links", *REFUSED]
+EXECUTED = {"xss_feedback", "vandal", "gigantic_output", "os_exit", "edited_test_cell", "monkeypatch",
+            "reads_classmates", "leaks_through_message", "symlink_swap", "many_looping_cells",
+            "fills_ram_and_disk", "huge_outputs", "entity_links"}
 
 
 def assignments() -> list[str]:
@@ -311,6 +399,18 @@ def hostile_corpus(assignment: str) -> dict[str, dict]:
         f"\n\nimport warnings\n_{wrapped} = {wrapped}\n\n\ndef {wrapped}(*args, **kwargs):\n"
         f"    warnings.warn('overflow encountered in exp', RuntimeWarning)\n    return _{wrapped}(*args, **kwargs)\n")}
     corpus["vandal"] = {**full, last[-1]: full[last[-1]] + "\n" + VANDAL}
+    corpus["reads_classmates"] = {**{gid: src + STEAL for gid, src in wrong_answers(assignment).items()},
+                                  "__course__": {f"downloaded/classmate/{assignment}.ipynb": full}}
+    corpus["leaks_through_message"] = {**full, **{gid: LEAK for gid in last}}
+    corpus["symlink_swap"] = {**full, last[-1]: full[last[-1]] + SWAP}
+    corpus["busy_processes"] = {**full, **{gid: BUSY for gid in last}}
+    corpus["fills_ram_and_disk"] = {**full, **{gid: FILLS for gid in last}}
+    corpus["many_looping_cells"] = edit(full, lambda nb: nb.cells.extend(
+        nbformat.v4.new_code_cell("while True:\n    pass") for _ in range(24)))
+    corpus["huge_outputs"] = edit(full, lambda nb: nb.cells.extend(nbformat.v4.new_code_cell(HUGE_OUTPUT) for _ in range(22)))
+    corpus["entity_links"] = edit(full, lambda nb: nb.cells.insert(1, nbformat.v4.new_markdown_cell(ENTITY_LINKS)))
+    corpus["symlinked_submission"] = {"__link__": f"../../../solutions/{assignment}/{assignment}.ipynb"}
+    corpus["links_in_submission"] = {**full, "__extra_link__": "../../../gradebook.db"}
     corpus["xss_feedback"] = edit({**full, last[-1]: full[last[-1]] + "\n" + XSS_CODE},
                                   lambda nb: nb.cells.insert(1, nbformat.v4.new_markdown_cell(XSS_MARKDOWN)))
     return corpus
@@ -341,6 +441,22 @@ def submissions(assignment: str, hostile: bool = False) -> dict[str, dict[str, s
 
 
 def write_submission(course: Path, assignment: str, student: str, cells: dict) -> None:
+    """Write a fabricated submission. `__course__`: other notebooks to put in the course
+    ({path: cells}); `__link__`: the submission is a symbolic link to that path; `__extra_link__`:
+    a link to that path lies next to it."""
+    folder = course / "submitted" / student / assignment
+    folder.mkdir(parents=True, exist_ok=True)
+    if "__link__" in cells:
+        (folder / f"{assignment}.ipynb").symlink_to(cells["__link__"])
+        return
+    if "__extra_link__" in cells:
+        (folder / "notes.txt").symlink_to(cells["__extra_link__"])
+    for path, others in cells.get("__course__", {}).items():
+        nb = notebook(course / "exercises", assignment)
+        for cell in nb.cells:
+            cell.source = others.get(grade_id(cell), cell.source)
+        (course / path).parent.mkdir(parents=True, exist_ok=True)
+        (course / path).write_text(json.dumps(nb, indent=1))
     nb = notebook(course / "exercises", assignment)
     nb.cells = [cell for cell in nb.cells if cells.get(grade_id(cell), "") is not None]
     for cell in nb.cells:
@@ -348,8 +464,6 @@ def write_submission(course: Path, assignment: str, student: str, cells: dict) -
             cell.source = cells[grade_id(cell)]
     for change in cells.get("__edits__", []):
         change(nb)
-    folder = course / "submitted" / student / assignment
-    folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{assignment}.ipynb").write_text(json.dumps(nb, indent=1))  # as a student's editor may: no validation
 
 
@@ -412,11 +526,19 @@ def print_table(assignment: str, graded: dict[str, dict[str, float]]) -> None:
         print(f"{student:26}{cells}{sum(by_cell.values()):>8g}")
 
 
-def print_report(report) -> None:
+def print_report(report, messages: bool = True) -> None:
+    """What the instructor must read: who was not graded, notes, per student and part the failure
+    message (as the runner gave it: never shown to students as is) and answers to read by hand."""
     for student, why in sorted(report.not_graded.items()):
         print(f"  NOT GRADED {student}: {why} (recorded as 0)")
     for student, note in sorted(report.notes.items()):
         print(f"  note on {student}: {note}")
+    for student, failed in sorted(report.messages.items()) if messages else ():
+        for test, message in failed.items():
+            print(f"  {student} {test} failed: {' '.join(str(message).split())[:300]}")
+    for student, parts in sorted(report.flags.items()):
+        for part, why in parts.items():
+            print(f"  READ {student} {part}: its answer {', '.join(why)}")
 
 
 def grade_course(course: Path, assignment: str, timeout: int, sandbox: bool) -> None:

@@ -2,43 +2,57 @@
 
     grade(course, assignment, students=None, sandbox=True) -> Report
 
-For each student, in a sandbox of their own (bubblewrap: own process, network and file-system
-view, the course directory hidden, time and memory limits; every process in it ends with it):
+The submission is read as JSON only, never through a symbolic link (a submission that is or
+holds one is refused, with the reason). Then, for each student, two sandboxes of their own
+(tools/sandbox.py: they see only the system's /usr, the Python environment, the course library
+and the files of the run, as an unprivileged user with a cleared environment, RAM-backed /tmp
+the only writable place, limits on processes, memory, CPU and wall-clock time):
 
 1. the submitted notebook runs under nbgrader against the *release* (visible tests only), so the
-   feedback shows the student's outputs and ticks. No grade depends on this run;
+   feedback shows the student's outputs and ticks; the notebook as run comes back over a pipe,
+   as data. No grade depends on this run, and it stops after `feedback_seconds(timeout)`
+   whatever the number of cells;
 2. `tools/hidden_tests.py` runs each part's test cell, hidden tests included, from the
-   instructor's source, on the student's answer cells only (see that file).
+   instructor's source, on the student's answer cells only (see that file); the job goes in on
+   its stdin, the verdicts come out on its stdout.
 
-Then, here, outside any sandbox: the points of each passed part are written to the gradebook
-with nbgrader's own API, and the feedback notebook is rebuilt from the student's run: outputs
-reduced to text and checked images, Markdown and raw HTML made inert, test cells shown as
-released plus the hidden tests' verdict and failure message (never their code). The Report names
-every student who could not be graded, and why. Nothing a submission contains is executed here;
-only its JSON is read.
+Then, here, outside any sandbox, as soon as each student is done: the points of each passed part
+are written to the gradebook with nbgrader's own API, and the feedback notebook is rebuilt from
+the data of the student's run: outputs reduced to text and checked images (a million characters
+in all), Markdown made inert (no HTML, no links), test cells shown as released plus what the
+visible tests printed or raised and the hidden tests' verdict and failure message (capped, the
+secret, seeds and hidden-test lines withheld; never their code). The Report names every student
+who could not be graded, and why, lists the failure messages and flags answers to read by hand.
+Nothing a submission contains is executed here.
 """
+import ast
 import copy
 import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
-import threading
+import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sandbox as sandboxing  # noqa: E402
+from review_flags import PARSING, review_flags  # noqa: E402  (one lock: ast.parse is not thread-safe in 3.11)
 
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
 BIN = Path(sys.executable).parent
 PLACEHOLDER_SECRET = "public-placeholder"
-MEMORY_BYTES = 6 * 2**30          # address space per process
-FILE_BYTES = 200 * 2**20          # largest file a sandboxed process may write
-PARSING = threading.Lock()      # CPython 3.11's ast.parse is not safe in two threads at once
+NOTEBOOK_BYTES = 50 * 2**20      # the largest notebook read, submitted or run
+OUTPUT_CHARS = 1_000_000          # the feedback's outputs, all cells together
+MESSAGE_CHARS = 300               # a failure message in the feedback
 IMAGE = re.compile(r"^[A-Za-z0-9+/=\s]*$")
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # nbgrader calls alembic
 
@@ -49,6 +63,8 @@ class Report:
     messages: dict = field(default_factory=dict)    # student -> {test cell: failure message}
     not_graded: dict = field(default_factory=dict)  # student -> why no hidden-test result (0 recorded)
     notes: dict = field(default_factory=dict)       # student -> what else went wrong (feedback run)
+    flags: dict = field(default_factory=dict)       # student -> {part: [why to read that answer]}
+    seconds: dict = field(default_factory=dict)     # student -> wall-clock seconds of their grading
 
 
 class NoSandbox(RuntimeError):
@@ -58,44 +74,32 @@ class NoSandbox(RuntimeError):
 # --- the sandbox --------------------------------------------------------------------------
 
 def sandbox_problem() -> str | None:
-    """Why this machine cannot sandbox, or None if bubblewrap works here."""
-    if not shutil.which("bwrap"):
-        return "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
-    probe = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"bubblewrap cannot create namespaces here: {probe.stderr.strip()[:300]}"
-    return None
+    """Why this machine cannot sandbox, or None if it can (tools/sandbox.py)."""
+    return sandboxing.problem()
 
 
-def confined(command: list[str], *, writable: Path, hide: list[Path], seconds: int, sandbox: bool) -> list[str]:
-    """`command` with limits (prlimit) and, if `sandbox`, inside bubblewrap: the whole file system
-    read-only, /tmp and `hide` replaced by empty folders, `writable` the only writable place, no
-    network, own process namespace, no capabilities."""
-    limits = ["prlimit", f"--as={MEMORY_BYTES}", f"--fsize={FILE_BYTES}", f"--cpu={seconds}", "--core=0", "--"]
-    if not sandbox:
-        return limits + command
-    hidden = [arg for path in hide if path.exists() for arg in
-              (("--tmpfs", str(path)) if path.is_dir() else ("--ro-bind", "/dev/null", str(path)))]
-    # The empty /tmp would also hide the course code and its Python where they live under /tmp
-    # (a fresh clone made with mktemp): put those back, read-only, before hiding what must be hidden.
-    needed = {ROOT, Path(sys.prefix).resolve()}
-    kept = [arg for path in sorted(needed) if path.is_relative_to("/tmp") for arg in ("--ro-bind", str(path), str(path))]
-    return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *kept, *hidden,
-            "--bind", str(writable), str(writable), "--unshare-all", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--setenv", "HOME", str(writable), "--setenv", "MPLBACKEND", "Agg",
-            "--setenv", "JUPYTER_RUNTIME_DIR", "/tmp/jupyter-runtime", "--chdir", str(writable),
-            "--", *limits, *command]
+def feedback_seconds(timeout: int) -> int:
+    """Wall-clock limit of a whole feedback run: fixed, whatever the number of cells (each cell
+    also stops after `timeout`)."""
+    return 60 + 3 * timeout
 
 
-def run_confined(command, *, writable, hide, seconds, sandbox) -> subprocess.CompletedProcess | None:
-    """Run `command` confined; None if it ran past `seconds` (it is killed, with all it started)."""
-    try:
-        return subprocess.run(confined(command, writable=writable, hide=hide, seconds=seconds, sandbox=sandbox),
-                              cwd=writable, env=ENV, capture_output=True, text=True, timeout=seconds,
-                              start_new_session=True, errors="replace")
-    except subprocess.TimeoutExpired:
-        return None
+def python_environment() -> list[Path]:
+    """What a sandbox shows of the grader's Python: the environment, its base installation and
+    the course library (only `mpcourse/` of the repository)."""
+    shown = {Path(sys.prefix), Path(sys.base_prefix).resolve(), Path(sys.executable).resolve().parent.parent,
+             ROOT / "mpcourse"}
+    return sorted(p for p in shown if p.is_dir())
+
+
+def run_sandboxed(command: list[str], *, folder: Path, limits, sandbox: bool, stdin: bytes = b""):
+    """tools/sandbox.py's run, with the Python environment shown and the library importable. The
+    sandbox sees what `folder` holds, read-only, as $GRADING (/grading), and writes in $WORK (/tmp)."""
+    host = folder
+    files = {f"/grading/{entry.name}": entry for entry in sorted(folder.iterdir())}
+    return sandboxing.run(command, show=python_environment(), files=files, limits=limits, stdin=stdin,
+                          env={"PYTHONPATH": str(ROOT), "GRADING": "/grading" if sandbox else str(host),
+                               "WORK": "/tmp" if sandbox else str(host / "work")}, sandbox=sandbox)
 
 
 # --- reading the source and a submission (JSON only) ------------------------------------
@@ -151,17 +155,63 @@ def used_names(source: str) -> set[str]:
         return set()
 
 
-def read_notebook(path: Path) -> dict:
-    if path.stat().st_size > 50 * 2**20:
-        raise ValueError("the notebook is larger than 50 MB")
+def parse_notebook(data: bytes) -> dict:
+    if len(data) > NOTEBOOK_BYTES:
+        raise ValueError(f"the notebook is larger than {NOTEBOOK_BYTES // 2**20} MB")
     try:
-        nb = json.loads(path.read_text(errors="replace"))
+        nb = json.loads(data.decode(errors="replace"))
     except RecursionError:
         raise ValueError("the file nests too deeply to be a notebook") from None
+    except ValueError:
+        raise ValueError("the file is not a Jupyter notebook (not JSON)") from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError("the file is not a Jupyter notebook (no list of cells)")
     nb["cells"] = [c for c in nb["cells"] if isinstance(c, dict)]
     return nb
+
+
+def read_notebook(path: Path) -> dict:
+    """A notebook of the instructor's (source, release) or of the grader's own making."""
+    if path.stat().st_size > NOTEBOOK_BYTES:
+        raise ValueError(f"the notebook is larger than {NOTEBOOK_BYTES // 2**20} MB")
+    return parse_notebook(path.read_bytes())
+
+
+def read_submission(course: Path, student: str, assignment: str) -> dict:
+    """The submitted notebook, read without following a symbolic link: refused if it is one, or
+    a folder on its way is one, or its folder holds one (a link would make the grader read, and
+    show in the feedback, whatever it points to)."""
+    folder = course / "submitted"
+    for name in (student, assignment):
+        folder = folder / name
+        if folder.is_symlink():
+            raise ValueError(f"submitted/{folder.relative_to(course / 'submitted')} is a symbolic link, "
+                             "not a folder: hand in the notebook itself")
+    if (folder / f"{assignment}.ipynb").is_symlink():
+        raise ValueError("the submitted notebook is a symbolic link: hand in the notebook itself")
+    for where, folders, files in os.walk(folder):
+        for name in folders + files:
+            if os.path.islink(os.path.join(where, name)):
+                raise ValueError(f"the submission contains a symbolic link ({name}): "
+                                 "hand in the notebook itself, no links")
+    try:
+        fd = os.open(folder / f"{assignment}.ipynb", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:
+        if error.errno == 40:  # ELOOP: the notebook itself is a link
+            raise ValueError("the submitted notebook is a symbolic link: hand in the notebook itself") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError("the submitted notebook is not a regular file")
+        return parse_notebook(f.read(NOTEBOOK_BYTES + 1))
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a grader's file in the course, never through a symbolic link."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int) -> dict:
@@ -214,10 +264,61 @@ def normalised(submission: dict, release: dict) -> dict:
 
 # --- feedback ------------------------------------------------------------------------------
 
+# A URL scheme that runs code or embeds a document, even with blanks or control characters
+# between its letters (browsers drop them).
+DANGEROUS_SCHEME = re.compile("(?i)(" + "|".join(r"[\s\x00-\x1f]*".join(word) for word in
+                                                 ("javascript", "vbscript", "data", "livescript")) + r")[\s\x00-\x1f]*:")
+LINK_SYNTAX = re.compile(r"\](\s*)([(\[:])")  # [text](address), [text][ref], [ref]: address
+MATH_LINKS = re.compile(r"\\(href|url|class|cssId|style|data|unicode|require)\b")
+
+
 def inert_markdown(text: str) -> str:
-    """Markdown that renders as text, not HTML: tags escaped, javascript: links broken."""
-    text = text.replace("<", "&lt;")
-    return re.sub(r"(?i)(java|vb)script\s*:", r"\1script-blocked:", text)
+    """Markdown that renders as text, not HTML: `&` and `<` escaped, no link or image (their
+    syntax broken: the Markdown renderer decodes entities in addresses, even escaped ones, so an
+    address cannot be made safe by escaping), dangerous URL schemes broken in the text too,
+    MathJax's link commands disabled."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;")
+    text = LINK_SYNTAX.sub(lambda m: "]" + m.group(1) + "\\" + m.group(2), text)
+    text = DANGEROUS_SCHEME.sub(lambda m: re.sub(r"[\s\x00-\x1f]", "", m.group(1)) + "-blocked:", text)
+    return MATH_LINKS.sub(lambda m: f"\\text{{{m.group(1)}-blocked}}", text)
+
+
+def safe_message(message: str, *, secrets: list[str], hidden_lines: set[str]) -> str:
+    """A failure message fit for the student's feedback: capped, without the secret (nor a seed
+    drawn from it), and withheld whole if it quotes a line of the hidden tests."""
+    text = str(message)
+    if any(line in text for line in hidden_lines):
+        return "(the message quotes the hidden tests: withheld, your instructor can see it)"
+    for secret in secrets:
+        if secret and secret in text:  # a seed only as a number of its own, not inside another
+            text = re.sub(rf"(?<![0-9]){secret}(?![0-9])" if secret.isdigit() else re.escape(secret), "(withheld)", text)
+    text = re.sub(r"[0-9a-fA-F]{16,}", "(withheld)", text)  # a secret's fragment, hashed or not
+    text = "\n".join(text.splitlines()[:4])
+    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + " [...]"
+
+
+def hidden_test_lines(source: dict) -> set[str]:
+    """The lines of the hidden tests that students never see (repeated public lines excepted)."""
+    hidden, public = set(), set()
+    for cell in source["cells"]:
+        inside = False
+        for line in source_text(cell).splitlines():
+            stripped = line.strip()
+            if "### BEGIN HIDDEN TESTS" in line or "### BEGIN SOLUTION" in line:
+                inside = True
+            elif "### END HIDDEN TESTS" in line or "### END SOLUTION" in line:
+                inside = False
+            elif inside and (cell.get("metadata", {}).get("nbgrader", {}) or {}).get("grade"):
+                hidden.add(stripped)
+            elif not inside:
+                public.add(stripped)
+    return {line for line in hidden - public if len(line) >= 12}
+
+
+def seeds_of(secret: str, count: int = 1000) -> list[str]:
+    """The seeds `mpcourse.grading.seed(n)` draws from `secret`, for n < count, as text."""
+    return [str(int.from_bytes(hashlib.sha256(f"{secret}:{n}".encode()).digest()[:4], "little") % 2**31)
+            for n in range(count)]
 
 
 def safe_outputs(outputs) -> list[dict]:
@@ -230,8 +331,9 @@ def safe_outputs(outputs) -> list[dict]:
             kept.append({"output_type": "stream", "name": name, "text": source_text({"source": out.get("text", "")})})
         elif kind == "error":
             trace = out.get("traceback", [])
-            kept.append({"output_type": "error", "ename": str(out.get("ename", "")), "evalue": str(out.get("evalue", "")),
-                         "traceback": [str(line) for line in trace] if isinstance(trace, list) else []})
+            kept.append({"output_type": "error", "ename": str(out.get("ename", ""))[:200],
+                         "evalue": str(out.get("evalue", ""))[:2000],
+                         "traceback": [str(line)[:2000] for line in trace[-40:]] if isinstance(trace, list) else []})
         elif kind in ("display_data", "execute_result"):
             data = out.get("data", {}) if isinstance(out.get("data"), dict) else {}
             clean = {"text/plain": source_text({"source": data["text/plain"]})} if "text/plain" in data else {}
@@ -242,10 +344,27 @@ def safe_outputs(outputs) -> list[dict]:
     return kept
 
 
+def capped(outputs: list[dict], budget: list[int]) -> list[dict]:
+    """`outputs` within what is left of the feedback's OUTPUT_CHARS (`budget`, shared by all cells)."""
+    kept = []
+    for out in outputs:
+        size = len(json.dumps(out))
+        if size > budget[0]:
+            kept.append({"output_type": "stream", "name": "stdout",
+                         "text": "[grader] output dropped: the feedback holds at most "
+                                 f"{OUTPUT_CHARS:,} characters of output in all\n"})
+            budget[0] = 0
+            break
+        budget[0] -= size
+        kept.append(out)
+    return kept
+
+
 def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict) -> dict:
-    """The notebook generate_feedback renders: inert, test cells as released plus the verdict."""
+    """The notebook generate_feedback renders: inert, test cells as released plus the verdict of
+    the hidden tests and what the visible tests printed or raised (`verdicts` hold safe messages)."""
     released = {grade_id(c): c for c in release["cells"] if grade_id(c)}
-    cells = []
+    cells, budget = [], [OUTPUT_CHARS]
     for cell in normalised(ran, release)["cells"]:
         kind, gid = cell.get("cell_type"), grade_id(cell)
         metadata = {"nbgrader": cell["metadata"]["nbgrader"]} if gid else {}
@@ -255,13 +374,14 @@ def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict) ->
             verdict = verdicts.get(gid, {"passed": False, "message": "not graded"})
             note = ("\N{CHECK MARK} hidden tests passed" if verdict["passed"]
                     else f"\N{BALLOT X} hidden tests failed: {verdict['message']}")
-            shown = [o for o in safe_outputs(cell.get("outputs")) if o["output_type"] == "stream"]
+            shown = [o for o in safe_outputs(cell.get("outputs")) if o["output_type"] in ("stream", "error")]
             cells.append({"cell_type": "code", "metadata": metadata, "execution_count": None,
                           "source": source_text(released[gid]),
-                          "outputs": shown + [{"output_type": "stream", "name": "stdout", "text": f"[grader] {note}\n"}]})
+                          "outputs": capped(shown, budget) + [{"output_type": "stream", "name": "stdout",
+                                                               "text": f"[grader] {note}\n"}]})
         elif kind == "code":
             cells.append({"cell_type": "code", "metadata": metadata, "execution_count": None,
-                          "source": source_text(cell), "outputs": safe_outputs(cell.get("outputs"))})
+                          "source": source_text(cell), "outputs": capped(safe_outputs(cell.get("outputs")), budget)})
     return {"cells": cells, "metadata": {k: release["metadata"][k] for k in ("kernelspec", "language_info")
                                          if k in release.get("metadata", {})},
             "nbformat": 4, "nbformat_minor": 5}
@@ -271,17 +391,6 @@ def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict) ->
 
 def nbgrader_command(*args: str) -> list[str]:
     return [str(BIN / "python"), "-m", "nbgrader", *args]
-
-
-# What no student's sandbox may read, in the course and in the repository that holds the grader
-# (the same folder when an instructor grades from a private clone): the submissions, the hidden
-# tests, the gradebook, the secret, the grade demo's copies of them, and the history of all these.
-PRIVATE = ("submitted", "autograded", "feedback", "solutions", "source", "gradebook.db",
-           "nbgrader_config.py", "grade-demo", ".git")
-
-
-def private_paths(course: Path) -> list[Path]:
-    return sorted({base / name for base in (course, ROOT) for name in PRIVATE})
 
 
 def template_course(course: Path, assignment: str, scratch: Path) -> Path:
@@ -301,43 +410,62 @@ def template_course(course: Path, assignment: str, scratch: Path) -> Path:
     return template
 
 
+# Runs in the sandbox: the release's course, the student's notebook under a neutral name, nbgrader;
+# the notebook as run leaves on fd 3 (a pipe), the only way anything comes back.
+FEEDBACK_RUN = r"""
+mkdir -p "$WORK" && cp -r "$GRADING/template" "$WORK/course" || exit 98
+mkdir -p "$WORK/course/submitted/student/$0" || exit 98
+cp "$GRADING/submission.ipynb" "$WORK/course/submitted/student/$0/$0.ipynb" || exit 98
+cd "$WORK/course" && python -m nbgrader autograde "$0" --student student --force "--Execute.timeout=$1" >&2
+cat "autograded/student/$0/$0.ipynb" >&3
+"""
+
+
+def feedback_limits(timeout: int) -> "sandboxing.Limits":
+    seconds = feedback_seconds(timeout)
+    return sandboxing.Limits(seconds=seconds, cpu_seconds=seconds)
+
+
+def hidden_test_limits(parts: int, timeout: int) -> "sandboxing.Limits":
+    seconds = 60 + parts * timeout  # parts: the instructor's, not the student's
+    return sandboxing.Limits(seconds=seconds, cpu_seconds=seconds)
+
+
 def grade_student(course, assignment, student, template, source, release, secret, timeout, sandbox, execute):
-    """(verdicts or None, the notebook as run (or as submitted), problem, note) for one student."""
+    """(verdicts or None, the notebook as run (or as submitted), problem, note, review flags) for one
+    student. The notebook as run comes from the sandbox: data to sanitise, nothing to trust."""
     try:
-        submission = read_notebook(course / "submitted" / student / assignment / f"{assignment}.ipynb")
+        submission = read_submission(course, student, assignment)
     except (OSError, ValueError) as error:
-        return None, None, f"the submission could not be read: {error}", None
-    with tempfile.TemporaryDirectory(prefix=f"grading-{assignment}-", dir="/tmp") as scratch:  # under the
-        # sandbox's empty /tmp: other students' scratch folders stay out of sight whatever TMPDIR says
-        work = Path(scratch)
-        shutil.copytree(template, work / "course")
-        folder = work / "course" / "submitted" / student / assignment
-        folder.mkdir(parents=True)
-        (folder / f"{assignment}.ipynb").write_text(json.dumps(normalised(submission, release)))
-        hide = private_paths(course)
+        return None, None, f"the submission could not be read: {error}", None, None
+    flags = review_flags(submission)
+    with tempfile.TemporaryDirectory(prefix=f"grading-{assignment}-") as scratch:
         ran, note = submission, None
-        cells = sum(c.get("cell_type") == "code" for c in submission["cells"])
-        run = execute and run_confined(nbgrader_command("autograde", assignment, "--student", student, "--force",
-                                                        f"--Execute.timeout={timeout}"),
-                                       writable=work / "course", hide=hide, seconds=60 + cells * timeout, sandbox=sandbox)
-        graded_nb = work / "course" / "autograded" / student / assignment / f"{assignment}.ipynb"
-        try:
-            ran = read_notebook(graded_nb) if execute else submission
-        except (OSError, ValueError):
-            note = ("its notebook did not finish running " + ("in time" if run is None else f"({run.stdout[-300:]}{run.stderr[-300:]})")
-                    + "; the feedback shows it as submitted")
-        job = work / "job"
-        job.mkdir()
-        tests = hidden_test_job(source, submission, secret, timeout)
-        (job / "job.json").write_text(json.dumps(tests))
-        run = run_confined([str(BIN / "python"), str(TOOLS / "hidden_tests.py"), str(job / "job.json")],
-                           writable=job, hide=hide + [work / "course"], seconds=60 + len(tests["parts"]) * timeout,
-                           sandbox=sandbox)
-        line = run.stdout.strip().rsplit("\n", 1)[-1] if run is not None and run.returncode == 0 else ""
+        if execute:
+            folder = Path(scratch) / "feedback"
+            folder.mkdir()
+            shutil.copytree(template, folder / "template")
+            (folder / "submission.ipynb").write_text(json.dumps(normalised(submission, release)))
+            run = run_sandboxed(["/bin/sh", "-c", FEEDBACK_RUN, assignment, str(timeout)], folder=folder,
+                                limits=feedback_limits(timeout), sandbox=sandbox)
+            try:
+                ran = parse_notebook(run.result)  # data from the pipe, never a file it could replace
+            except ValueError:
+                why = (f"ran past the {feedback_seconds(timeout)} s allowed for the whole notebook" if run.killed == "time"
+                       else f"used more than its CPU time" if run.killed else f"failed ({run.stderr[-300:]})")
+                note = f"its notebook run {why}; the feedback shows it as submitted"
+        folder = Path(scratch) / "hidden"
+        folder.mkdir()
+        shutil.copy(TOOLS / "hidden_tests.py", folder / "hidden_tests.py")
+        tests = {**hidden_test_job(source, submission, secret, timeout), "sandboxed": sandbox}
+        run = run_sandboxed(["/bin/sh", "-c", 'exec python "$GRADING/hidden_tests.py" -'], folder=folder,
+                            limits=hidden_test_limits(len(tests["parts"]), timeout), sandbox=sandbox,
+                            stdin=json.dumps(tests).encode())
+        line = run.stdout.strip().rsplit("\n", 1)[-1] if run.returncode == 0 else ""
         if not line.startswith("RESULT "):
-            why = "ran out of time" if run is None else f"failed: {(run.stderr or run.stdout)[-500:]}"
-            return None, ran, f"the hidden-test runner {why}", note
-        return json.loads(line.removeprefix("RESULT ")), ran, None, note
+            why = "ran out of time" if run.killed else f"failed: {(run.stderr or run.stdout)[-500:]}"
+            return None, ran, f"the hidden-test runner {why}", note, flags
+        return json.loads(line.removeprefix("RESULT ")), ran, None, note, flags
 
 
 def instructor_secret(course: Path) -> str:
@@ -365,44 +493,72 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
     if not sandbox:
         print("WARNING: grading WITHOUT a sandbox: every submission runs with your rights and can read and "
               "change other submissions, the gradebook and your files.", file=sys.stderr, flush=True)
+    if workers > 1 and not sandboxing.cgroups_available():
+        # Without a CPU share per sandbox, one full of busy processes would starve its neighbour
+        # (measured: 17x slower beside 63 busy processes): no neighbour, then.
+        print("NOTE: no cgroups here (root cannot create cgroup v1 groups): grading one student at a time, "
+              "so that no sandbox can starve another.", file=sys.stderr, flush=True)
+        workers = 1
     students = students or sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
     source = read_notebook(course / "solutions" / assignment / f"{assignment}.ipynb")
     release = read_notebook(course / "exercises" / assignment / f"{assignment}.ipynb")
     points = {grade_id(c): float(c["metadata"]["nbgrader"]["points"]) for c in source["cells"]
               if grade_id(c) and c["metadata"]["nbgrader"].get("grade") and c["cell_type"] == "code"}
     secret = instructor_secret(course)
+    hidden_lines = hidden_test_lines(source)
     report = Report()
-    with tempfile.TemporaryDirectory(prefix="grading-template-", dir="/tmp") as scratch:
+    with tempfile.TemporaryDirectory(prefix="grading-template-") as scratch, \
+            Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
         template = template_course(course, assignment, Path(scratch))
         with ThreadPoolExecutor(workers) as pool:
-            futures = {s: pool.submit(grade_student, course, assignment, s, template, source, release,
-                                      hashlib.sha256(f"{secret}:{assignment}:{s}".encode()).hexdigest(),
-                                      timeout, sandbox, execute is True or s in (execute or ()))
-                       for s in students}
-            results = {}
-            for student, future in futures.items():
+            started = {}
+            secrets = {s: hashlib.sha256(f"{secret}:{assignment}:{s}".encode()).hexdigest() for s in students}
+
+            def timed(student):
+                started[student] = time.monotonic()
                 try:
-                    results[student] = future.result()
+                    return grade_student(course, assignment, student, template, source, release, secrets[student],
+                                         timeout, sandbox, execute is True or student in (execute or ()))
+                finally:
+                    report.seconds[student] = time.monotonic() - started[student]
+
+            futures = {pool.submit(timed, s): s for s in students}
+            for future in as_completed(futures):  # each student's grade is written as soon as it is known
+                student = futures[future]
+                try:
+                    result = future.result()
                 except Exception as error:  # noqa: BLE001  one broken submission must not stop the class
-                    results[student] = (None, None, f"the grader failed on this submission: {error!r}"[:500], None)
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        for student, (verdicts, ran, problem, note) in results.items():
-            verdicts = verdicts or {}
-            if problem:
-                report.not_graded[student] = problem
-            if note:
-                report.notes[student] = note
-            scores = {t: (p if verdicts.get(t, {}).get("passed") is True else 0.0) for t, p in points.items()}
-            report.scores[student] = scores
-            report.messages[student] = {t: v["message"] for t, v in verdicts.items() if not v["passed"]}
-            gradebook.update_or_create_student(student)
-            gradebook.update_or_create_submission(assignment, student)
-            for test, score in scores.items():
-                gradebook.find_grade(test, assignment, assignment, student).auto_score = score
-            gradebook.db.commit()
-            if ran is not None:
-                folder = course / "autograded" / student / assignment
-                folder.mkdir(parents=True, exist_ok=True)
-                (folder / f"{assignment}.ipynb").write_text(
-                    json.dumps(feedback_notebook(ran, release, points, verdicts), indent=1))
+                    result = (None, None, f"the grader failed on this submission: {error!r}"[:500], None, None)
+                record(gradebook, course, assignment, student, result, points, release, report,
+                       secrets=[secret, secrets[student], *seeds_of(secrets[student])], hidden_lines=hidden_lines)
     return report
+
+
+def record(gradebook, course, assignment, student, result, points, release, report, *, secrets, hidden_lines):
+    """Write one student's points to the gradebook, their feedback notebook to autograded/ and what
+    the instructor must know to `report`."""
+    verdicts, ran, problem, note, flags = result
+    verdicts = verdicts or {}
+    if flags:
+        report.flags[student] = flags
+    if problem:
+        report.not_graded[student] = problem
+    if note:
+        report.notes[student] = note
+    scores = {t: (p if verdicts.get(t, {}).get("passed") is True else 0.0) for t, p in points.items()}
+    report.scores[student] = scores
+    report.messages[student] = {t: str(v.get("message"))[:2000] for t, v in verdicts.items() if not v.get("passed")}
+    gradebook.update_or_create_student(student)
+    gradebook.update_or_create_submission(assignment, student)
+    for test, score in scores.items():
+        gradebook.find_grade(test, assignment, assignment, student).auto_score = score
+    gradebook.db.commit()
+    if ran is not None:
+        shown = {t: {"passed": v.get("passed") is True,
+                     "message": safe_message(v.get("message", ""), secrets=secrets, hidden_lines=hidden_lines)}
+                 for t, v in verdicts.items()}
+        folder = course / "autograded" / student / assignment
+        for path in (course / "autograded", course / "autograded" / student, folder):
+            if path.is_symlink():
+                raise ValueError(f"{path} is a symbolic link: the grader writes no feedback through it")
+        write_private(folder / f"{assignment}.ipynb", json.dumps(feedback_notebook(ran, release, points, shown), indent=1))

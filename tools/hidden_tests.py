@@ -1,5 +1,5 @@
 """Runs one student's hidden tests: the untrusted half of the grader, started by tools/grader.py
-inside the student's sandbox. It never sees the student's notebook, only job.json:
+inside the student's sandbox. It never sees the student's notebook, only the job, on its stdin:
 
     {"secret": "...", "timeout": 60, "setup": "<the instructor's set-up cell>",
      "parts": [{"test_id": "p1_tests", "cells": [["p1_solution", "<student code>"], ...],
@@ -68,6 +68,19 @@ def run_part(job: dict, part: dict, verdict_fd: int) -> None:
     os._exit(0)
 
 
+def end_the_others() -> None:
+    """Kill every process of this sandbox but this one (its pid namespace holds nothing else of
+    ours; bubblewrap's pid 1 is root's): what a part started in new sessions ends with the part,
+    instead of slowing the next parts down."""
+    for _ in range(3):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) not in (1, os.getpid()):
+                try:
+                    os.kill(int(entry), signal.SIGKILL)
+                except OSError:
+                    pass
+
+
 def grade_part(job: dict, part: dict) -> dict:
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -91,6 +104,8 @@ def grade_part(job: dict, part: dict) -> dict:
             pass
     os.waitpid(pid, 0)
     os.close(read_fd)
+    if job.get("sandboxed"):
+        end_the_others()
     try:
         verdict = json.loads(data)
         return {"passed": verdict["passed"] is True, "message": str(verdict["message"])[:2000]}
@@ -103,9 +118,7 @@ def grade_part(job: dict, part: dict) -> dict:
 def main() -> None:
     # Not dumpable: the children cannot open this process's stdout or memory through /proc.
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    with open(sys.argv[1]) as f:
-        job = json.load(f)
-    os.unlink(sys.argv[1])  # gone before any answer runs: no reading the hidden tests or the seed from it
+    job = json.load(sys.stdin)  # over a pipe: no file to read the hidden tests or the seed from
     results = {part["test_id"]: grade_part(job, part) for part in job["parts"]}
     print("RESULT " + json.dumps(results), flush=True)
 

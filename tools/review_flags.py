@@ -1,0 +1,106 @@
+"""Answers an instructor should read: flags for review in the grading report.
+
+    review_flags(notebook) -> {part: [why to read that answer]}
+
+An answer cell is flagged when it touches the runner, the system or the libraries: call frames,
+the garbage collector, /proc, processes and sessions, links, databases, code objects, `exec`,
+`ctypes`, signals, assignments to attributes of torch, numpy and the like. Only parsed, never run.
+A flag is a reason to read the answer, not a verdict: honest answers are not flagged (the tests
+check every exercise's solutions), and an answer that hides its tricks well may not be.
+"""
+import ast
+import threading
+
+PARSING = threading.Lock()      # CPython 3.11's ast.parse is not safe in two threads at once
+
+
+def _grade_id(cell: dict) -> str | None:
+    nbgrader = cell.get("metadata", {}).get("nbgrader", {}) if isinstance(cell, dict) else {}
+    gid = nbgrader.get("grade_id") if isinstance(nbgrader, dict) else None
+    return gid if isinstance(gid, str) else None
+
+
+def _source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+def _as_python(source: str) -> str:
+    return "\n".join("#" + line if line.lstrip().startswith(("%", "!")) else line for line in source.split("\n"))
+
+
+# What an answer needs no part of: reaching into the runner, the system or the libraries. Each is
+# a reason for the instructor to read the answer (a flag, not a verdict: the grade stands).
+SUSPECT_CALLS = {
+    "_getframe": "reads the call stack", "currentframe": "reads the call stack",
+    "get_referrers": "searches the garbage collector", "get_objects": "searches the garbage collector",
+    "fork": "starts processes", "forkpty": "starts processes", "setsid": "starts a new session",
+    "Popen": "starts processes", "system": "runs a shell command", "spawnv": "starts processes",
+    "symlink": "makes symbolic links", "link": "makes links", "settrace": "switches tracers",
+    "setprofile": "switches profilers", "__import__": "imports by name", "exec": "runs code from text",
+    "eval": "runs code from text",
+    "dup2": "rewires file descriptors", "prctl": "changes process settings", "ptrace": "traces processes",
+}
+SUSPECT_NAMES = {
+    "f_back": "reads the call stack", "f_locals": "reads the call stack", "f_globals": "reads the call stack",
+    "tb_frame": "reads the call stack", "gi_frame": "reads the call stack",
+    "__code__": "rewrites code objects", "co_code": "rewrites code objects", "CodeType": "rewrites code objects",
+    "FunctionType": "builds functions from code objects", "__globals__": "reaches into a function's globals",
+    "sqlite3": "opens databases", "inspect": "inspects frames or source", "gc": "searches the garbage collector", "ctypes": "calls C directly", "signal": "handles signals",
+    "multiprocessing": "starts processes", "subprocess": "starts processes", "pty": "starts processes",
+    "__builtins__": "changes built-ins", "builtins": "changes built-ins", "__class__": "changes an object's class",
+    "__subclasses__": "walks the class tree", "__dict__": "reaches into objects' dictionaries",
+}
+SUSPECT_TEXT = {"/proc": "reads /proc", "/dev/fd": "reads file descriptors", "/sys": "reads /sys",
+                "gradebook": "mentions the gradebook", ".db": "mentions a database file", "sqlite": "opens databases",
+                "hidden_tests": "mentions the hidden-test runner", "RESULT": "mentions the runner's result line"}
+LIBRARIES = {"torch", "numpy", "np", "math", "builtins", "grading", "mpcourse", "sys", "os", "F", "nn"}
+
+
+def library_of(node) -> str | None:
+    """`torch` for `torch`, `torch.Tensor`, `torch.nn.functional[...]`: the library an expression
+    names, if it starts with one."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) and node.id in LIBRARIES else None
+
+
+def review_flags(submission: dict) -> dict[str, list[str]]:
+    """{part: [why to read it]} for answer cells that touch the runner, the system or the libraries
+    (parsed, never run): frames, /proc, processes, links, databases, code objects, assignments to
+    attributes of torch, numpy and the like."""
+    flags: dict[str, set] = {}
+    for cell in submission["cells"]:
+        gid = _grade_id(cell)
+        if cell.get("cell_type") != "code" or not gid or "solution" not in gid:
+            continue
+        text = _source(cell)
+        found = {why for needle, why in SUSPECT_TEXT.items() if needle in text}
+        try:
+            with PARSING:
+                tree = ast.parse(_as_python(text))
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            found.add("cannot be parsed")
+            tree = ast.Module(body=[], type_ignores=[])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if SUSPECT_CALLS.get(called):
+                    found.add(SUSPECT_CALLS[called])
+                if called in ("setattr", "delattr") and node.args and library_of(node.args[0]):
+                    found.add(f"assigns to an attribute of {library_of(node.args[0])}")
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else (
+                node.names[0].name if isinstance(node, (ast.Import, ast.ImportFrom)) and node.names else None)
+            if isinstance(node, ast.ImportFrom) and node.module:
+                name = node.module
+            if name and SUSPECT_NAMES.get(name.split(".")[0]):
+                found.add(SUSPECT_NAMES[name.split(".")[0]])
+            targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
+                       if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            targets += node.targets if isinstance(node, ast.Delete) else []
+            for target in targets:
+                if isinstance(target, (ast.Attribute, ast.Subscript)) and library_of(target.value):
+                    found.add(f"assigns to an attribute of {library_of(target.value)}")
+        if found:
+            flags.setdefault(gid.split("_")[0], set()).update(found)
+    return {part: sorted(why) for part, why in flags.items()}

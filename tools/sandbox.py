@@ -1,0 +1,335 @@
+"""The sandbox a student's code runs in: what it sees, who it runs as, what it may use.
+
+    run(command, show=[...], files={...}, limits=Limits(...), stdin=b"") -> Outcome
+
+A list of what to *show*, not of what to hide. Inside bubblewrap the command sees:
+
+- the system's programs and libraries (`/usr` and its links), a handful of files of `/etc` that
+  programs read at start-up, a fresh `/dev` and `/proc` (its own processes only);
+- read-only, at their own paths: `show` (the Python environment, the course library);
+- read-only, at the paths given: `files` (the release, the student's notebook, ...);
+- one writable place, `/tmp`, a RAM-backed folder of at most `tmpfs_bytes`. Nothing on the host's
+  disk is writable, so nothing the sandbox writes can be followed or replaced afterwards.
+
+Nothing else: not the course directory, not the repository, not the instructor's home or
+environment (`--clearenv`; a minimal PATH and HOME). The command runs as a real unprivileged user
+of its own (`UID_BASE` + slot, no capabilities, `no_new_privs`), so files only root may read
+(`/etc/shadow`) stay unreadable even where they are shown. No network, its own process namespace:
+every process it starts ends with it.
+
+Limits: per process (`prlimit`) address space, CPU time, file size, core dumps and the number of
+processes of its user; for the whole process tree (cgroup v1, nested under the grader's own
+cgroups, where root may create them): processes (`pids.max`), memory including `/tmp`
+(`memory.limit_in_bytes`, swap included), CPU (`cfs_quota`: at most `cpus` CPUs at once, so a
+sandbox full of busy processes cannot starve its neighbour) and total CPU time (`cpuacct.usage`,
+checked twice a second); the whole run ends after `seconds` of wall-clock time. What comes back:
+the exit status, the last 20 kB of stdout and stderr, and at most `output_bytes` from file
+descriptor 3 (a pipe: the only way a result leaves the sandbox).
+"""
+import grp
+import itertools
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+# Sandbox slot k runs as uid and gid UID_BASE + k: far above the ranges that distributions give to
+# users, services and containers' subordinate ids; a uid some account has is skipped.
+UID_BASE = 1_900_000_000
+SLOTS = itertools.count()
+SLOT_LOCK = threading.Lock()
+FREE_SLOTS: list[int] = []
+ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives", "fonts",
+       "mime.types")
+TAIL = 20_000
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class Limits:
+    seconds: float                    # wall clock, the whole run
+    cpu_seconds: float                # CPU time of the whole process tree (and of each process)
+    memory_bytes: int = 4 * 2**30     # the whole tree's memory, /tmp included (cgroup)
+    address_space: int = 8 * 2**30    # per process (prlimit)
+    tmpfs_bytes: int = 512 * 2**20    # /tmp, the only writable place
+    processes: int = 256              # tasks (threads count) of the whole tree
+    file_bytes: int = 256 * 2**20     # largest file written
+    output_bytes: int = 60 * 2**20    # read from the result pipe (fd 3); the rest is dropped
+    cpus: float = 1.0                 # CPUs used at once (cgroup)
+
+
+@dataclass
+class Outcome:
+    returncode: int | None            # None: killed at a limit
+    result: bytes                     # what the command wrote on fd 3
+    stdout: str                       # the last TAIL characters
+    stderr: str
+    killed: str = ""                  # which limit ended it ("", "time", "cpu time")
+    cpu_seconds: float | None = None  # of the whole tree, where cgroups measure it
+    wall_seconds: float = 0.0
+
+
+def problem() -> str | None:
+    """Why this machine cannot sandbox, or None if bubblewrap works here as needed."""
+    if not shutil.which("bwrap"):
+        return "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
+    if os.geteuid() != 0:
+        return ("grading must run as root: each sandbox runs as an unprivileged user of its own, "
+                "which only root can switch to")
+    probe = subprocess.run(wrapped(["/bin/true"], show=[], files={}, limits=Limits(10, 10), uid=UID_BASE),
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"bubblewrap cannot create the sandbox here: {probe.stderr.strip()[:300]}"
+    return None
+
+
+def _parents(path: Path):
+    return [p for p in reversed(path.parents) if p != Path("/")]
+
+
+def wrapped(command: list[str], *, show, files, limits: Limits, uid: int, cgroups=(), env=None,
+            result_fd: int | None = None) -> list[str]:
+    """The command line that runs `command` sandboxed (see the module's doc)."""
+    mounts, made = ["--ro-bind", "/usr", "/usr"], {Path("/usr")}
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
+        if os.path.islink(top):
+            mounts += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            mounts += ["--ro-bind", top, top]
+    mounts += ["--perms", "0755", "--dir", "/etc"]
+    mounts += [a for name in ETC if os.path.exists(f"/etc/{name}") for a in ("--ro-bind", f"/etc/{name}", f"/etc/{name}")]
+    for target, source in [*((Path(p), Path(p)) for p in show), *((Path(t), Path(s)) for t, s in files.items())]:
+        for parent in _parents(target):  # folders bwrap creates on the way are 0700 unless told
+            if parent not in made:
+                made.add(parent)
+                mounts += ["--perms", "0755", "--dir", str(parent)]
+        mounts += ["--ro-bind", str(source), str(target)]
+        made.add(target)
+    environment = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": "/tmp/home", "LANG": "C.UTF-8",
+                   "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/home/.matplotlib", "PYTHONDONTWRITEBYTECODE": "1",
+                   "JUPYTER_RUNTIME_DIR": "/tmp/home/jupyter-runtime", **(env or {})}
+    bwrap = ["bwrap", *mounts, "--dev", "/dev", "--proc", "/proc",
+             "--perms", "1777", "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
+             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+             "--die-with-parent", "--new-session", "--clearenv",
+             *[a for k, v in environment.items() for a in ("--setenv", k, v)], "--chdir", "/tmp", "--"]
+    drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
+            "--inh-caps=-all", "--bounding-set=-all", "--"]
+    prlimit = ["prlimit", f"--as={limits.address_space}", f"--fsize={limits.file_bytes}",
+               f"--cpu={int(limits.cpu_seconds) + 1}", "--core=0", f"--nproc={limits.processes}", "--"]
+    # Join the cgroups (as root, before anything else runs) and put the result pipe on fd 3.
+    join = ["/bin/bash", "-c", 'for f in $0; do echo $$ > "$f" || exit 97; done; '
+            'if [ -n "$1" ]; then eval "exec 3>&$1 $1>&-"; fi; shift; exec "$@"',
+            " ".join(str(Path(c) / "cgroup.procs") for c in cgroups), str(result_fd or "")]
+    home = ["/bin/sh", "-c", 'mkdir -p /tmp/home && exec "$@"', "sh"]  # HOME exists before Python looks
+    return [*join, *prlimit, *bwrap, *drop, *home, *command]
+
+
+def unsandboxed(command, *, limits: Limits, cgroups, result_fd: int) -> list[str]:
+    """`command` with the limits only (DANGEROUS: it sees and may change what its user may)."""
+    join = wrapped([], show=[], files={}, limits=limits, uid=0, cgroups=cgroups, result_fd=result_fd)[:5]
+    prlimit = ["prlimit", f"--as={limits.address_space}", f"--fsize={limits.file_bytes}",
+               f"--cpu={int(limits.cpu_seconds) + 1}", "--core=0", "--"]
+    return [*join, *prlimit, *command]
+
+
+# --- cgroups (v1, nested under the grader's own) --------------------------------------------
+
+def _own_cgroup(controller: str) -> Path | None:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            return CGROUP_ROOT / controller / path.lstrip("/")
+    return None
+
+
+def make_cgroups(limits: Limits) -> dict[str, Path]:
+    """{controller: folder} of new cgroups with `limits`; {} where they cannot be made here."""
+    made = {}
+    name = f"mpcourse-sandbox-{uuid.uuid4().hex[:12]}"
+    settings = {"pids": {"pids.max": limits.processes},
+                "memory": {"memory.limit_in_bytes": limits.memory_bytes,
+                           "memory.memsw.limit_in_bytes": limits.memory_bytes},
+                "cpu": {"cpu.cfs_period_us": 100_000, "cpu.cfs_quota_us": int(100_000 * limits.cpus)},
+                "cpuacct": {}}
+    try:
+        for controller, values in settings.items():
+            parent = _own_cgroup(controller)
+            if parent is None or not parent.is_dir():
+                raise OSError(f"no {controller} cgroup")
+            folder = parent / name
+            folder.mkdir()
+            made[controller] = folder
+            for key, value in values.items():
+                if (folder / key).exists():
+                    (folder / key).write_text(str(value))
+        return made
+    except OSError:
+        remove_cgroups(made)
+        return {}
+
+
+def cgroups_available() -> bool:
+    """Whether this machine gives each sandbox its own cgroups (and so its own share of the CPU)."""
+    made = make_cgroups(Limits(1, 1))
+    remove_cgroups(made)
+    return bool(made)
+
+
+def cgroup_pids(cgroups: dict[str, Path]) -> list[int]:
+    try:
+        return [int(p) for p in (cgroups["pids"] / "cgroup.procs").read_text().split()]
+    except (KeyError, OSError, ValueError):
+        return []
+
+
+def cpu_used(cgroups: dict[str, Path]) -> float | None:
+    try:
+        return int((cgroups["cpuacct"] / "cpuacct.usage").read_text()) / 1e9
+    except (KeyError, OSError, ValueError):
+        return None
+
+
+def remove_cgroups(cgroups: dict[str, Path]) -> None:
+    for _ in range(50):  # kill whatever is left, until nothing is
+        pids = cgroup_pids(cgroups)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.05)
+    for folder in cgroups.values():
+        for _ in range(20):
+            try:
+                folder.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+# --- running ------------------------------------------------------------------------------
+
+def _slot() -> int:
+    with SLOT_LOCK:
+        if FREE_SLOTS:
+            return FREE_SLOTS.pop()
+        while True:
+            slot = next(SLOTS)
+            if not _taken(UID_BASE + slot):
+                return slot
+
+
+def _taken(uid: int) -> bool:
+    """Whether an account or a group has this id."""
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(uid)
+            return True
+        except KeyError:
+            pass
+    return False
+
+
+def _release(slot: int) -> None:
+    with SLOT_LOCK:
+        FREE_SLOTS.append(slot)
+
+
+def _drain(fd: int, keep: int, tail: bool, into: list) -> None:
+    """Read `fd` to its end, keeping the first (or last) `keep` bytes."""
+    data = bytearray()
+    while chunk := os.read(fd, 1 << 16):
+        data += chunk
+        if len(data) > keep:
+            data = data[-keep:] if tail else data[:keep]
+            if not tail:
+                while os.read(fd, 1 << 16):  # read on, so that the writer is never blocked
+                    pass
+                break
+    os.close(fd)
+    into.append(bytes(data))
+
+
+def run(command: list[str], *, show=(), files=None, limits: Limits, stdin: bytes = b"", env=None,
+        sandbox: bool = True) -> Outcome:
+    """Run `command` sandboxed, within `limits` (see the module's doc). `sandbox=False`: with the
+    limits only, as the caller's user, seeing everything (`files` are then read where they are)."""
+    slot = _slot()
+    cgroups = make_cgroups(limits)
+    started = time.monotonic()
+    pipes = {name: os.pipe() for name in ("result", "stdout", "stderr")}
+    try:
+        line = (wrapped(command, show=show, files=files or {}, limits=limits, uid=UID_BASE + slot,
+                        cgroups=cgroups.values(), env=env, result_fd=pipes["result"][1]) if sandbox
+                else unsandboxed(command, limits=limits, cgroups=cgroups.values(), result_fd=pipes["result"][1]))
+        environment = ({"PATH": "/usr/bin:/bin"} if sandbox else
+                       {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", **(env or {})})
+        process = subprocess.Popen(line,
+            stdin=subprocess.PIPE, stdout=pipes["stdout"][1], stderr=pipes["stderr"][1],
+            pass_fds=(pipes["result"][1],), start_new_session=True, env=environment, cwd="/")
+        readers = {name: [] for name in pipes}
+        threads = [threading.Thread(target=_drain, args=(read, keep, tail, readers[name]), daemon=True)
+                   for name, (read, _), keep, tail in
+                   (("result", pipes["result"], limits.output_bytes, False),
+                    ("stdout", pipes["stdout"], TAIL, True), ("stderr", pipes["stderr"], TAIL, True))]
+        for _, write in pipes.values():
+            os.close(write)
+        pipes = {}
+        for thread in threads:
+            thread.start()
+        threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()
+        killed = ""
+        while process.poll() is None:
+            used = cpu_used(cgroups)
+            if time.monotonic() - started > limits.seconds:
+                killed = "time"
+            elif used is not None and used > limits.cpu_seconds:
+                killed = "cpu time"
+            if killed:
+                _kill(process, cgroups)
+                break
+            time.sleep(0.2)
+        process.wait()
+        _kill(process, cgroups)  # what it left behind (its namespace ends with it; cgroups say so)
+        for thread in threads:
+            thread.join(5)
+        text = {k: (v[0] if v else b"") for k, v in readers.items()}
+        return Outcome(None if killed else process.returncode, text["result"],
+                       text["stdout"].decode(errors="replace"), text["stderr"].decode(errors="replace"),
+                       killed, cpu_used(cgroups), time.monotonic() - started)
+    finally:
+        for read, write in pipes.values():  # only if it could not start
+            os.close(read)
+            os.close(write)
+        remove_cgroups(cgroups)
+        _release(slot)
+
+
+def _feed(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+        pipe.close()
+    except OSError:  # it stopped reading: its loss
+        pass
+
+
+def _kill(process: subprocess.Popen, cgroups) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    for pid in cgroup_pids(cgroups):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
