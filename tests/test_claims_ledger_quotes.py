@@ -30,7 +30,7 @@ def normalise(text: str) -> str:
 
 def _cells() -> list[ast.Module]:
     """The notebook's code cells, parsed; an IPython magic line becomes `pass`."""
-    cells = json.loads(LEDGER.read_text())["cells"]
+    cells = json.loads(LEDGER.read_text(encoding="utf-8"))["cells"]
     return [ast.parse(re.sub(r"(?m)^(\s*)[%!].*$", r"\1pass", "".join(c["source"])))
             for c in cells if c["cell_type"] == "code"]
 
@@ -73,6 +73,12 @@ def quotes(statement: str) -> list[str]:
             for piece in quote.split("…") if piece.strip()]
 
 
+def test_quotes_are_split_at_elisions_and_words_outside_them_are_ignored():
+    assert quotes('FP16: "the range … is [6e-8, 65504]"; ours; "N = 2000"') == ["the range", "is [6e-8, 65504]",
+                                                                              "N = 2000"]
+    assert quotes("no quotation here") == []
+
+
 def test_rows_are_read_from_the_notebook():
     rows = ledger_rows()
     assert len(rows) >= 40, f"expected the ledger's rows, found {len(rows)}"
@@ -88,7 +94,7 @@ def test_every_sourced_claim_is_quoted_or_marked_a_paraphrase():
 def test_quotes_appear_verbatim_in_a_named_source():
     if not SEEDS.is_dir():
         pytest.skip(f"the source texts are not here ({SEEDS}): they live in the course's shared folder")
-    texts = {name: normalise("".join(p.read_text() for p in SEEDS.glob(prefix + "*.txt")))
+    texts = {name: normalise("".join(p.read_text(encoding="utf-8") for p in SEEDS.glob(prefix + "*.txt")))
              for name, prefix in SOURCE_FILES.items()}
     assert all(texts.values()), f"a source text is missing from {SEEDS}"
     missing = []
