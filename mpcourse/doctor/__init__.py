@@ -52,6 +52,20 @@ tf32 (info)                the TF32 settings for FP32 matmuls and convolutions
 unwatched-scaler (info)    the loop used a scaler that was not passed to watch()
 ========================== ==========================================================================
 
+Under ``torch.distributed`` (two ranks or more), watch the same steps on every rank, one session
+per rank: on leaving the block the ranks exchange what they saw (a collective), and three more
+codes apply (:mod:`mpcourse.doctor.distributed` runs broken and correct set-ups of each):
+
+================================ ===================================================================
+fsdp-fp16-without-sharded-scaler FSDP2 with an FP16 ``param_dtype`` and no loss scaler (error), or a
+                                 plain GradScaler instead of ShardedGradScaler (error if the ranks
+                                 disagreed on an inf, else a warning)
+half-reduce (warning)            gradients reduced across ranks in FP16/BF16 (FSDP2's
+                                 ``reduce_dtype``, a DDP comm hook), with the relative error of one
+                                 such reduction against the same reduction in FP32
+unsynced-found-inf               one rank skipped a step for an inf/NaN while another stepped
+================================ ===================================================================
+
 The device seam: :func:`capability` gives the compute capability the ``emulated-bf16`` check
 believes. Tests replace it, ``monkeypatch.setattr(doctor, "capability", lambda device: (7, 5))``,
 to fake a GPU without native BF16.
