@@ -337,7 +337,8 @@ class Session:
             self.seen.overflow_where = self.seen.overflow_where or where
         elif self.seen.first_nonfinite is None:
             self.seen.first_nonfinite = {"phase": phase, "where": where, "kind": kind,
-                                         "origin": origin, "step": self.seen.steps + 1}
+                                         "origin": origin,  # the optimizer's: counted already
+                                         "step": self.seen.steps + (phase != "optimizer")}
 
     def _misuse(self, where: str, message: str):
         key = (where, message)
