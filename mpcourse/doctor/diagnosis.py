@@ -91,13 +91,17 @@ def _nonfinite(seen, session):
                              f"{first['phase']}: {where}"))
     if seen.skipped or seen.scaled_overflows:
         every = seen.scaler_steps > 0 and seen.skipped == seen.scaler_steps
-        first = (f"first seen in the gradient of {seen.overflow_where}" if seen.overflow_where
+        forward = ("after the forward pass had already produced inf/NaN (the error above)"
+                   if first is not None and first["phase"] == "forward"
+                   else "while the forward pass was finite")
+        where = (f"first seen in the gradient of {seen.overflow_where}" if seen.overflow_where
                  else "in a parameter's gradient")
         found.append(finding(
             "nonfinite", "warning" if every else "info",
             f"the scaler skipped {seen.skipped} of {seen.scaler_steps} steps: the scaled gradients "
-            f"overflowed ({first}) while the forward pass was finite"
-            + (": no step was taken at all" if every else ": normal while a dynamic scale settles"),
+            f"overflowed ({where}) {forward}"
+            + (": no step was taken at all" if every else
+               "" if forward.startswith("after") else ": normal while a dynamic scale settles"),
             f"backward: {seen.overflow_where or 'parameter gradients'}"))
     return found
 
