@@ -96,6 +96,12 @@ def watch(model, optimizer, scaler=None) -> Session:
     the loop uses, or None. On leaving the block, even by an exception, every hook and wrapper is
     removed and nothing is left on the model, optimizer or scaler; the steps run bit for bit as
     they would unwatched. Watch a few steps: the session keeps a little for each one.
+
+    Under ``torch.distributed`` with two ranks or more, call it on every rank around the same
+    steps: leaving the block is a collective (the ranks exchange what they saw), so a rank that
+    watches alone waits for the others. Not seen there: gradients that DDP's own C++ reducer
+    all-reduces (FP16 or BF16 parameters under DDP without a comm hook), only Python-level
+    ``torch.distributed`` reductions (comm hooks, FSDP2's reduce-scatter).
     """
     return Session(model, optimizer, scaler)
 

@@ -118,8 +118,8 @@ class Observations:
     saves_without_scaler: list = field(default_factory=list)  # numbers of the calls missing it
     unwatched_scalers: list = field(default_factory=list)  # types of scalers used but not passed
     raised: bool = False
-    # under torch.distributed (FSDP2 or DDP): see the module docstring
-    engine: str = ""  # "FSDP2", "DDP" or "" (one process, or a model neither wraps)
+    # under torch.distributed with 2 ranks or more: see the module docstring
+    engine: str = ""  # "FSDP2", "DDP", "torch.distributed" (shards by hand) or "" (one process)
     rank: int = 0
     world_size: int = 1
     fsdp_fp16: list = field(default_factory=list)  # FSDP2 modules whose param_dtype is FP16
