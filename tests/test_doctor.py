@@ -850,3 +850,27 @@ def test_bad_input_gets_a_clear_error():
         with pytest.raises(RuntimeError, match="cannot nest"):
             with doctor.watch(model, optimizer):
                 pass
+
+
+def test_every_guide_anchor_is_a_label_in_the_book():
+    """Each code's guide, fg-<code>, is a MyST label ``(fg-<code>)=`` in the book's sources (the
+    book's own build, elsewhere in the suite, resolves every {ref} to them)."""
+    import json
+    import pathlib
+
+    from mpcourse.doctor.report import FIXES, GUIDED, finding
+
+    book = pathlib.Path(__file__).resolve().parent.parent / "book"
+    labels = set()
+    for path in [*book.glob("*.ipynb"), *book.glob("*.md")]:
+        if path.suffix == ".ipynb":
+            cells = json.loads(path.read_text())["cells"]
+            text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        else:
+            text = path.read_text()
+        labels |= set(re.findall(r"^\((fg-[\w-]+)\)=\s*$", text, flags=re.M))
+    guides = {finding(code, "info", "", "").guide for code in FIXES}
+    assert guides - {""} == {f"fg-{code}" for code in GUIDED}
+    assert {*CODES, "fsdp-fp16-without-sharded-scaler", "half-reduce", "unsynced-found-inf"} <= GUIDED
+    missing = sorted(g for g in guides - {""} if g not in labels)
+    assert not missing, f"no (label)= in book/ for {missing}"

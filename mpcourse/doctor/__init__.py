@@ -52,6 +52,20 @@ tf32 (info)                the TF32 settings for FP32 matmuls and convolutions
 unwatched-scaler (info)    the loop used a scaler that was not passed to watch()
 ========================== ==========================================================================
 
+Under ``torch.distributed`` (two ranks or more), watch the same steps on every rank, one session
+per rank: on leaving the block the ranks exchange what they saw (a collective), and three more
+codes apply (:mod:`mpcourse.doctor.distributed` runs broken and correct set-ups of each):
+
+================================ ===================================================================
+fsdp-fp16-without-sharded-scaler FSDP2 with an FP16 ``param_dtype`` and no loss scaler (error), or a
+                                 plain GradScaler instead of ShardedGradScaler (error if the ranks
+                                 disagreed on an inf, else a warning)
+half-reduce (warning)            gradients reduced across ranks in FP16/BF16 (FSDP2's
+                                 ``reduce_dtype``, a DDP comm hook), with the relative error of one
+                                 such reduction against the same reduction in FP32
+unsynced-found-inf               one rank skipped a step for an inf/NaN while another stepped
+================================ ===================================================================
+
 The device seam: :func:`capability` gives the compute capability the ``emulated-bf16`` check
 believes. Tests replace it, ``monkeypatch.setattr(doctor, "capability", lambda device: (7, 5))``,
 to fake a GPU without native BF16.
@@ -82,6 +96,12 @@ def watch(model, optimizer, scaler=None) -> Session:
     the loop uses, or None. On leaving the block, even by an exception, every hook and wrapper is
     removed and nothing is left on the model, optimizer or scaler; the steps run bit for bit as
     they would unwatched. Watch a few steps: the session keeps a little for each one.
+
+    Under ``torch.distributed`` with two ranks or more, call it on every rank around the same
+    steps: leaving the block is a collective (the ranks exchange what they saw), so a rank that
+    watches alone waits for the others. Not seen there: gradients that DDP's own C++ reducer
+    all-reduces (FP16 or BF16 parameters under DDP without a comm hook), only Python-level
+    ``torch.distributed`` reductions (comm hooks, FSDP2's reduce-scatter).
     """
     return Session(model, optimizer, scaler)
 

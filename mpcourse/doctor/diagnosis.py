@@ -91,13 +91,17 @@ def _nonfinite(seen, session):
                              f"{first['phase']}: {where}"))
     if seen.skipped or seen.scaled_overflows:
         every = seen.scaler_steps > 0 and seen.skipped == seen.scaler_steps
-        first = (f"first seen in the gradient of {seen.overflow_where}" if seen.overflow_where
+        forward = ("after the forward pass had already produced inf/NaN (the error above)"
+                   if first is not None and first["phase"] == "forward"
+                   else "while the forward pass was finite")
+        where = (f"first seen in the gradient of {seen.overflow_where}" if seen.overflow_where
                  else "in a parameter's gradient")
         found.append(finding(
             "nonfinite", "warning" if every else "info",
             f"the scaler skipped {seen.skipped} of {seen.scaler_steps} steps: the scaled gradients "
-            f"overflowed ({first}) while the forward pass was finite"
-            + (": no step was taken at all" if every else ": normal while a dynamic scale settles"),
+            f"overflowed ({where}) {forward}"
+            + (": no step was taken at all" if every else
+               "" if forward.startswith("after") else ": normal while a dynamic scale settles"),
             f"backward: {seen.overflow_where or 'parameter gradients'}"))
     return found
 
@@ -182,9 +186,72 @@ def _unwatched(seen, session):
                     f"followed it anyway", kind) for kind in dict.fromkeys(seen.unwatched_scalers)]
 
 
+def _fsdp_fp16(seen, session):
+    if not seen.fsdp_fp16 or not seen.backwards:
+        return []
+    from torch.amp import GradScaler
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    plain = [k.__name__ for k in seen.scaler_kinds
+             if issubclass(k, GradScaler) and not issubclass(k, ShardedGradScaler)]
+    if seen.scaler_kinds and not plain:
+        return []
+    severity = "error"
+    if not plain:
+        what = ("with no loss scaler: FP16 gradients below 6e-5 lose bits and underflow to 0, and "
+                "an overflow goes unchecked")
+    elif _unsynced(seen, session):
+        what = (f"with a plain {plain[0]}, not ShardedGradScaler: the ranks disagreed on an inf/NaN "
+                f"(see unsynced-found-inf)")
+    else:  # measured: on DTensor gradients its checks agreed across ranks in these steps
+        severity = "warning"
+        what = (f"with a plain {plain[0]}, not ShardedGradScaler, the scaler FSDP supports: its "
+                f"inf/NaN checks agreed across the ranks in these steps (torch reduced them over "
+                f"the DTensor gradient shards), which GradScaler does not promise")
+    return [finding("fsdp-fp16-without-sharded-scaler", severity,
+                    f"FSDP2 computes in FP16 (param_dtype=torch.float16) on rank {seen.rank} of "
+                    f"{seen.world_size} {what}", f"MixedPrecisionPolicy of {_names(seen.fsdp_fp16)}")]
+
+
+def _half_reduce(seen, session):
+    if not seen.half_reductions:
+        return []
+    calls = ", ".join(f"{call} ({times} call{'s' if times > 1 else ''})"
+                      for call, (dtype, times) in seen.half_reductions.items())
+    dtype = NAMES[next(iter(seen.half_reductions.values()))[0]]
+    source = {"FSDP2": "FSDP2's reduce_dtype", "DDP": "a DDP comm hook"}.get(
+        seen.engine, "a reduction inside backward")
+    measured = (f"; the first of them summed over the {seen.world_size} ranks in {dtype} differs "
+                f"from the same sum in FP32 by a relative error of {seen.reduction_error:.1e}"
+                if seen.reduction_error is not None else "")
+    return [finding("half-reduce", "warning",
+                    f"gradients were reduced across ranks in {dtype} ({source}): {calls} in the "
+                    f"watched backwards{measured}", source)]
+
+
+def _unsynced(seen, session):
+    for i, step in enumerate(zip(*seen.rank_events) if seen.rank_events else ()):
+        if "skipped" in step and "stepped" in step:
+            skipped = [r for r, e in enumerate(step) if e == "skipped"]
+            stepped = [r for r, e in enumerate(step) if e == "stepped"]
+            return [finding("unsynced-found-inf", "error",
+                            f"in watched step {i + 1}, rank{'s' if len(skipped) > 1 else ''} "
+                            f"{_names([str(r) for r in skipped])} found an inf/NaN and skipped the "
+                            f"step while rank{'s' if len(stepped) > 1 else ''} "
+                            f"{_names([str(r) for r in stepped])} stepped: the shards of one model "
+                            f"now differ in their updates and loss scales",
+                            f"scaler.step(optimizer) on rank{'s' if len(skipped) > 1 else ''} "
+                            f"{_names([str(r) for r in skipped])}")]
+    if seen.rank_events and len({len(e) for e in seen.rank_events}) > 1:
+        return [finding("unsynced-found-inf", "error",
+                        f"the ranks took different numbers of optimizer steps "
+                        f"({', '.join(str(len(e)) for e in seen.rank_events)})", "optimizer.step()")]
+    return []
+
+
 CHECKS = (_fp16_without_scaling, _half_params, _clip_before_unscale, _scaler_misuse, _nonfinite,
           _half_loss, _eps_underflow, _half_batchnorm, _emulated_bf16, _checkpoint, _tf32,
-          _unwatched)
+          _unwatched, _fsdp_fp16, _half_reduce, _unsynced)
 
 
 def diagnose(seen, session) -> Report:

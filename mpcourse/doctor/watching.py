@@ -15,6 +15,16 @@ While a :class:`Session` is entered it holds, and on leaving (even by an excepti
   ``scale`` / ``unscale_`` / ``step`` / ``update`` of ``torch.amp.GradScaler`` and of
   :class:`mpcourse.scaling.LossScaler` (so a scaler that was not passed is seen too).
 
+Under ``torch.distributed`` with two ranks or more (one session per rank: every rank must watch the
+same steps, on an FSDP2- or DDP-wrapped model or on its own shard of one) it also
+wraps ``torch.distributed.all_reduce`` / ``reduce_scatter_tensor`` / ``reduce_scatter_single`` to
+see the dtype gradients are reduced in during backward (FSDP2's ``reduce_dtype``, a DDP comm
+hook), reads each FSDP2 module's ``MixedPrecisionPolicy``, and records per optimizer step whether
+this rank stepped or skipped. On leaving the block without an exception, every rank exchanges what
+it saw (one ``all_gather_object``) and repeats one half-precision reduction in FP32 to measure its
+error: the ranks must leave their blocks together, as they leave any collective. DTensor
+parameters and gradients are read through their local shards (no collective inside a hook).
+
 Every recording only reads tensors (sums, comparisons, clones) and draws no random numbers, so a
 watched run is bit for bit the unwatched one. Not seen: functions imported by name before the
 session (``from torch.nn.utils import clip_grad_norm_`` bypasses the wrappers), gradients taken
@@ -56,9 +66,14 @@ def _tensors(value, depth: int = 0):
             yield from _tensors(item, depth + 1)
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (reading a sharded DTensor's sum would be a collective), else t."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _nonfinite(t: torch.Tensor) -> str | None:
     """``"nan"`` if t holds a NaN, else ``"inf"`` if it holds an inf, else None."""
-    t = t.detach()
+    t = _local(t.detach())
     # x - x is 0 for every finite x and NaN for inf or NaN: one subtraction and one sum, several
     # times faster than isfinite(t).all() on a CPU (the common case, all finite, stays cheap).
     if t.numel() == 0 or not bool(torch.isnan((t - t).sum())):
@@ -103,6 +118,17 @@ class Observations:
     saves_without_scaler: list = field(default_factory=list)  # numbers of the calls missing it
     unwatched_scalers: list = field(default_factory=list)  # types of scalers used but not passed
     raised: bool = False
+    # under torch.distributed with 2 ranks or more: see the module docstring
+    engine: str = ""  # "FSDP2", "DDP", "torch.distributed" (shards by hand) or "" (one process)
+    rank: int = 0
+    world_size: int = 1
+    fsdp_fp16: list = field(default_factory=list)  # FSDP2 modules whose param_dtype is FP16
+    scaler_kinds: list = field(default_factory=list)  # classes of the scalers used or passed
+    half_reductions: dict = field(default_factory=dict)  # call -> [dtype, times]
+    reduction_sample: object = None  # FP32 copy of one half reduction's input, as sent
+    step_events: list = field(default_factory=list)  # per optimizer step: "stepped" / "skipped"
+    rank_events: list = field(default_factory=list)  # every rank's step_events (after the block)
+    reduction_error: float | None = None  # that reduction in its dtype vs in FP32
 
 
 def _check_arguments(model, optimizer, scaler):
@@ -157,6 +183,10 @@ class Session:
             _ACTIVE.remove(self)
             self._stage = "done"
             self.seen.raised = exc_type is not None
+            self.seen.scaler_kinds = list(dict.fromkeys(
+                type(s) for s in (self.scaler, *self._seen_scalers()) if s is not None))
+            if not self.seen.raised and self.seen.engine:
+                self._exchange()
             if not self.seen.raised:
                 for where, state in self._scalers.items():
                     if state["stepped"]:
@@ -203,6 +233,7 @@ class Session:
             self._undo.append(module.register_forward_pre_hook(self._pre_hook(label)).remove)
             self._undo.append(module.register_forward_hook(
                 self._post_hook(label, module is self.model)).remove)
+        self._install_distributed()
         self._undo.append(self._inner.register_step_pre_hook(self._before_step).remove)
         self._undo.append(self._inner.register_step_post_hook(self._after_step).remove)
         self._patch(torch.Tensor, "backward", self._wrap_backward)
@@ -220,6 +251,67 @@ class Session:
             for name in ("scale", "unscale_", "step", "update"):
                 if name in vars(cls):
                     self._patch(cls, name, getattr(self, f"_wrap_scaler_{name.rstrip('_')}"))
+
+    def _install_distributed(self):
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+            return
+        from torch.distributed.fsdp import FSDPModule
+        from torch.nn.parallel import DistributedDataParallel
+
+        fsdp = [(name or "the model", m) for name, m in self.model.named_modules()
+                if isinstance(m, FSDPModule)]
+        if isinstance(self.model, DistributedDataParallel):
+            self.seen.engine = "DDP"
+        elif fsdp:
+            self.seen.engine = "FSDP2"
+        else:  # model or tensor parallelism by hand: every rank holds its own shard
+            self.seen.engine = "torch.distributed"
+        self.seen.rank, self.seen.world_size = dist.get_rank(), dist.get_world_size()
+        for label, module in fsdp:
+            policy = getattr(module._get_fsdp_state(), "_mp_policy", None)
+            if policy is not None and policy.param_dtype == torch.float16:
+                self.seen.fsdp_fp16.append(label)
+        for name in ("all_reduce", "reduce_scatter_tensor", "reduce_scatter_single"):
+            if hasattr(dist, name):
+                self._patch(dist, name, functools.partial(self._wrap_reduction, name=name))
+
+    def _wrap_reduction(self, original, name: str):
+        def reduction(*args, **kwargs):
+            if self._active and self._backward is not None:
+                if name == "all_reduce":
+                    sent = kwargs.get("tensor", args[0] if args else None)
+                else:
+                    sent = kwargs.get("input", args[1] if len(args) > 1 else None)
+                if isinstance(sent, torch.Tensor) and sent.dtype in HALF:
+                    entry = self.seen.half_reductions.setdefault(
+                        f"torch.distributed.{name}", [sent.dtype, 0])
+                    entry[1] += 1
+                    if self.seen.reduction_sample is None:  # before the call: it may work in place
+                        self.seen.reduction_sample = _local(sent.detach()).flatten()[:4096].float()
+            return original(*args, **kwargs)
+        return reduction
+
+    def _exchange(self):
+        """After the block, on every rank together: gather each rank's step events, and measure
+        one half-precision reduction against the same reduction in FP32."""
+        import torch.distributed as dist
+
+        sample = self.seen.reduction_sample
+        dtype = next(iter(self.seen.half_reductions.values()))[0] if sample is not None else None
+        mine = (self.seen.step_events, None if sample is None else (sample.numel(), dtype))
+        everyone = [None] * self.seen.world_size
+        dist.all_gather_object(everyone, mine)
+        self.seen.rank_events = [events for events, _ in everyone]
+        samples = {s for _, s in everyone}
+        if len(samples) == 1 and None not in samples:
+            half, full = sample.to(dtype), sample.clone()
+            dist.all_reduce(half)
+            dist.all_reduce(full)
+            norm = float(full.norm())
+            self.seen.reduction_error = float((half.float() - full).norm()) / norm if norm else 0.0
+        self.seen.reduction_sample = None
 
     def _patch(self, owner, name: str, make):
         original = getattr(owner, name)
@@ -245,7 +337,8 @@ class Session:
             self.seen.overflow_where = self.seen.overflow_where or where
         elif self.seen.first_nonfinite is None:
             self.seen.first_nonfinite = {"phase": phase, "where": where, "kind": kind,
-                                         "origin": origin, "step": self.seen.steps + 1}
+                                         "origin": origin,  # the optimizer's: counted already
+                                         "step": self.seen.steps + (phase != "optimizer")}
 
     def _misuse(self, where: str, message: str):
         key = (where, message)
@@ -486,6 +579,8 @@ class Session:
                 if optimizer is self.optimizer:
                     self.seen.scaler_steps += 1
                     self.seen.skipped += self.seen.steps == steps
+                    self.seen.step_events.append("skipped" if self.seen.steps == steps
+                                                 else "stepped")
         return step
 
     def _wrap_scaler_update(self, original):
@@ -531,6 +626,8 @@ class Session:
         if not self._active:
             return
         self.seen.steps += 1
+        if self._in_scaler == 0:  # scaler.step records its own steps, skipped ones included
+            self.seen.step_events.append("stepped")
         # The weights were finite before the step: checked at the first forward pass and after
         # every step, and the gradients just now; an inf/NaN now was made by the step.
         for p, i, snapshot in self._before.values():
@@ -542,8 +639,8 @@ class Session:
                 before, moved = snapshot
                 group = self.seen.rounded.setdefault(f"param_groups[{i}]", {})
                 counts = group.setdefault(self._name(p), [0, 0, p.dtype])
-                counts[0] += int(((p.detach() == before) & moved).sum())
-                counts[1] += int(moved.sum())
+                counts[0] += int(_local((p.detach() == before) & moved).sum())
+                counts[1] += int(_local(moved).sum())
         self._before = {}
         for i, group in enumerate(optimizer.param_groups):
             eps = group.get("eps")
@@ -562,6 +659,6 @@ class Session:
                 "eps": eps, "dtype": squares.dtype, "dominated": 0, "total": 0,
                 "zero": float(torch.tensor(eps, dtype=squares.dtype)) == 0})
             if p.grad is not None:
-                moved = p.grad != 0
-                entry["dominated"] += int(((squares.float().sqrt() <= eps) & moved).sum())
+                moved = _local(p.grad != 0)
+                entry["dominated"] += int(((_local(squares).float().sqrt() <= eps) & moved).sum())
                 entry["total"] += int(moved.sum())
