@@ -468,6 +468,34 @@ def grade_student(course, assignment, student, template, source, release, secret
         return json.loads(line.removeprefix("RESULT ")), ran, None, note, flags
 
 
+def registered(course: Path, assignment: str) -> bool:
+    """Whether the course's gradebook knows `assignment` (grades can be written for it)."""
+    from nbgrader.api import Gradebook, MissingEntry
+    if not (course / "gradebook.db").exists():
+        return False
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        try:
+            gradebook.find_notebook(assignment, assignment)
+        except MissingEntry:
+            return False
+    return True
+
+
+def register(course: Path, assignment: str) -> None:
+    """Put `assignment` (its notebook, points and cells) in the course's gradebook as `nbgrader
+    generate_assignment` does, without touching exercises/ (the release goes to a scratch folder):
+    `make exercises` registers nothing, it uses a scratch gradebook."""
+    with tempfile.TemporaryDirectory(prefix="registration-") as scratch:
+        result = subprocess.run(nbgrader_command("generate_assignment", assignment, "--force",
+                                                 f"--CourseDirectory.release_directory={scratch}"),
+                                cwd=course, env=ENV, capture_output=True, text=True)
+    if result.returncode != 0 or not registered(course, assignment):
+        raise RuntimeError(f"could not register {assignment} in {course / 'gradebook.db'}: nbgrader said\n"
+                           f"{result.stdout[-1500:]}{result.stderr[-1500:]}\nFix that, then run, in {course}:\n"
+                           f"  nbgrader generate_assignment {assignment} --force "
+                           f"--CourseDirectory.release_directory=/tmp/{assignment}-release")
+
+
 def instructor_secret(course: Path) -> str:
     from traitlets.config.loader import PyFileConfigLoader
     config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
@@ -505,6 +533,9 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
     points = {grade_id(c): float(c["metadata"]["nbgrader"]["points"]) for c in source["cells"]
               if grade_id(c) and c["metadata"]["nbgrader"].get("grade") and c["cell_type"] == "code"}
     secret = instructor_secret(course)
+    if not registered(course, assignment):  # before grading anyone: the grades need somewhere to go
+        print(f"registering {assignment} in {course / 'gradebook.db'} (first grading of it)", file=sys.stderr, flush=True)
+        register(course, assignment)
     hidden_lines = hidden_test_lines(source)
     report = Report()
     with tempfile.TemporaryDirectory(prefix="grading-template-") as scratch, \
