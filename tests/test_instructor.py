@@ -39,3 +39,41 @@ def test_grading_an_assignment_never_registered_registers_it_first(tmp_path):
     assert grader.registered(course, ASSIGNMENT) and not report.not_graded
     assert autograde.scores(course, ASSIGNMENT)["jane"] == {t: 0.0 for t in autograde.test_points(ASSIGNMENT)}
     assert (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text() == release
+
+
+STUDENT_DATA = ["downloaded/ex2/archive/canvas.zip", "submitted/jane/ex2/ex2.ipynb", "autograded/jane/ex2/ex2.ipynb",
+                "feedback/jane/ex2/ex2.html", "feedback-upload/jane_ex2.html", "gradebook.db", "grades.csv",
+                "_build/release-gradebook.db", ".grading-secret"]
+
+
+@pytest.mark.parametrize("path", STUDENT_DATA)
+def test_student_data_and_the_secret_are_ignored_by_git(path):
+    result = subprocess.run(["git", "check-ignore", "--no-index", "-q", path], cwd=ROOT)
+    assert result.returncode == 0, f"{path} would be committed"
+
+
+def test_the_secret_comes_from_the_variable_then_the_untracked_file(tmp_path, monkeypatch):
+    course = fresh_course(tmp_path / "course")
+    monkeypatch.delenv(grader.SECRET_VARIABLE, raising=False)
+    with pytest.warns(UserWarning, match="placeholder"):
+        assert grader.instructor_secret(course) == grader.PLACEHOLDER_SECRET
+    (course / ".grading-secret").write_text("from-the-file\n")
+    assert grader.instructor_secret(course) == "from-the-file"
+    monkeypatch.setenv(grader.SECRET_VARIABLE, "from-the-variable")
+    assert grader.instructor_secret(course) == "from-the-variable"
+
+
+def test_a_secret_in_a_tracked_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.delenv(grader.SECRET_VARIABLE, raising=False)
+    course = fresh_course(tmp_path / "course")
+    (course / ".grading-secret").write_text("pushed-one-day")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=course, check=True)
+    subprocess.run([*git, "add", "-f", ".grading-secret"], cwd=course, check=True)
+    with pytest.raises(grader.SecretError, match="tracked by git"):
+        grader.instructor_secret(course)
+    (course / ".grading-secret").unlink()
+    config = course / "nbgrader_config.py"
+    config.write_text(config.read_text().replace('secret = "public-placeholder"', 'secret = "mine"'))
+    with pytest.raises(grader.SecretError, match="nbgrader_config.py"):
+        grader.instructor_secret(course)

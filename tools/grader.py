@@ -496,13 +496,42 @@ def register(course: Path, assignment: str) -> None:
                            f"--CourseDirectory.release_directory=/tmp/{assignment}-release")
 
 
+SECRET_VARIABLE = "MPCOURSE_GRADING_SECRET"
+SECRET_FILE = ".grading-secret"
+
+
+class SecretError(RuntimeError):
+    pass
+
+
+def tracked(course: Path, path: Path) -> bool:
+    """Whether git tracks `path` in `course` (False outside a git repository)."""
+    result = subprocess.run(["git", "ls-files", "--error-unmatch", str(path)], cwd=course,
+                            capture_output=True, text=True)
+    return result.returncode == 0
+
+
 def instructor_secret(course: Path) -> str:
+    """The secret the hidden tests' inputs are drawn from: $MPCOURSE_GRADING_SECRET, else the
+    untracked file .grading-secret in the course directory, never a file git tracks (a clone of a
+    public repository pushes it back one day). Neither: the public placeholder, with a warning."""
     from traitlets.config.loader import PyFileConfigLoader
     config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
-    secret = str(config.HiddenTests.get("secret", PLACEHOLDER_SECRET))
-    if secret.startswith(PLACEHOLDER_SECRET):
-        warnings.warn("c.HiddenTests.secret is the public placeholder: anyone who reads solutions/ can "
-                      "compute the hidden tests' inputs. Set your own in your private course directory.")
+    if not str(config.HiddenTests.get("secret", PLACEHOLDER_SECRET)).startswith(PLACEHOLDER_SECRET):
+        raise SecretError(f"nbgrader_config.py sets c.HiddenTests.secret: that file is tracked by git, so the "
+                          f"secret would be pushed with it. Put it in ${SECRET_VARIABLE} or in {course / SECRET_FILE} "
+                          "(git-ignored), and set the line back to the placeholder.")
+    secret = os.environ.get(SECRET_VARIABLE, "").strip()
+    path = course / SECRET_FILE
+    if not secret and path.exists():
+        if tracked(course, path):
+            raise SecretError(f"{path} is tracked by git, so the secret would be pushed with it: "
+                              f"run `git rm --cached {SECRET_FILE}` there, then make a new secret (the old one may be public).")
+        secret = path.read_text().strip()
+    if not secret:
+        warnings.warn(f"no grading secret (${SECRET_VARIABLE} or {SECRET_FILE}): using the public placeholder, so anyone "
+                      "who reads solutions/ can compute the hidden tests' inputs. Set your own (instructor guide).")
+        return PLACEHOLDER_SECRET
     return secret
 
 
