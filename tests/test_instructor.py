@@ -77,3 +77,15 @@ def test_a_secret_in_a_tracked_file_is_refused(tmp_path, monkeypatch):
     config.write_text(config.read_text().replace('secret = "public-placeholder"', 'secret = "mine"'))
     with pytest.raises(grader.SecretError, match="nbgrader_config.py"):
         grader.instructor_secret(course)
+
+
+@needs_sandbox
+def test_a_python_that_cannot_import_the_course_inside_the_sandbox_is_refused_before_grading(tmp_path, monkeypatch):
+    assert grader.environment_problem(sandbox=True) is None
+    monkeypatch.setattr(grader, "ROOT", tmp_path)  # a repository without mpcourse/: the library is not shown
+    problem = grader.environment_problem(sandbox=True)
+    if problem is None:
+        pytest.skip("mpcourse is installed inside the environment itself here")
+    assert "No module named 'mpcourse'" in problem and sys.executable in problem
+    with pytest.raises(grader.BrokenEnvironment, match="refusing to grade.*mpcourse"):
+        grader.grade(tmp_path, ASSIGNMENT, timeout=20)

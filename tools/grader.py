@@ -102,6 +102,35 @@ def run_sandboxed(command: list[str], *, folder: Path, limits, sandbox: bool, st
                                "WORK": "/tmp" if sandbox else str(host / "work")}, sandbox=sandbox)
 
 
+class BrokenEnvironment(RuntimeError):
+    pass
+
+
+ENVIRONMENT_CHECKED: set = set()  # (sandbox, ROOT) found able to grade in this process
+
+
+def environment_problem(sandbox: bool) -> str | None:
+    """Why the course's Python cannot grade inside a sandbox (it cannot import mpcourse, torch or
+    nbgrader there), or None. Checked before anyone is graded: otherwise every student comes out
+    "NOT GRADED: No module named ..." after a full run."""
+    check = "import mpcourse, torch, nbgrader"
+    if (sandbox, ROOT) in ENVIRONMENT_CHECKED:
+        return None
+    with tempfile.TemporaryDirectory(prefix="grading-check-") as scratch:
+        (Path(scratch) / "work").mkdir()
+        run = run_sandboxed(["python", "-c", check], folder=Path(scratch), limits=sandboxing.Limits(180, 180),
+                            sandbox=sandbox)
+    if run.returncode == 0:
+        ENVIRONMENT_CHECKED.add((sandbox, ROOT))
+        return None
+    lines = (run.stderr or run.stdout).strip().splitlines() or [f"it was stopped ({run.killed or 'no message'})"]
+    return (f"inside the sandbox, the course's Python ({sys.executable}) cannot run `{check}`: {lines[-1]}. "
+            f"A sandbox shows only that Python's environment ({sys.prefix}), its base installation and "
+            f"{ROOT / 'mpcourse'}: install torch and nbgrader into that environment itself (not a user "
+            "site-packages folder or an editable install elsewhere), and run the tools/autograde.py of "
+            "the repository whose mpcourse/ the course uses")
+
+
 # --- reading the source and a submission (JSON only) ------------------------------------
 
 def grade_id(cell: dict) -> str | None:
@@ -556,6 +585,9 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
         print("NOTE: no cgroups here (root cannot create cgroup v1 groups): grading one student at a time, "
               "so that no sandbox can starve another.", file=sys.stderr, flush=True)
         workers = 1
+    broken = environment_problem(sandbox)
+    if broken:
+        raise BrokenEnvironment(f"refusing to grade: {broken}.")
     students = students or sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
     source = read_notebook(course / "solutions" / assignment / f"{assignment}.ipynb")
     release = read_notebook(course / "exercises" / assignment / f"{assignment}.ipynb")
