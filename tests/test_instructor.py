@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,10 @@ def test_grading_an_assignment_never_registered_registers_it_first(tmp_path):
     release = (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text()
     autograde.write_submission(course, ASSIGNMENT, "jane", {})  # the untouched release
     assert not grader.registered(course, ASSIGNMENT)
-    report = grader.grade(course, ASSIGNMENT, timeout=20, execute=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = grader.grade(course, ASSIGNMENT, timeout=20, execute=False)
+    assert not [w for w in caught if "SAWarning" in type(w.message).__name__ or "not in session" in str(w.message)]
     assert grader.registered(course, ASSIGNMENT) and not report.not_graded
     assert autograde.scores(course, ASSIGNMENT)["jane"] == {t: 0.0 for t in autograde.test_points(ASSIGNMENT)}
     assert (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text() == release
@@ -89,3 +93,12 @@ def test_a_python_that_cannot_import_the_course_inside_the_sandbox_is_refused_be
     assert "No module named 'mpcourse'" in problem and sys.executable in problem
     with pytest.raises(grader.BrokenEnvironment, match="refusing to grade.*mpcourse"):
         grader.grade(tmp_path, ASSIGNMENT, timeout=20)
+
+
+def test_a_machine_without_bubblewrap_is_refused_in_one_sentence(tmp_path):
+    course = fresh_course(tmp_path / "course")
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), "grade", ASSIGNMENT, "--course", str(course)],
+                            env={**os.environ, "PATH": str(tmp_path)}, capture_output=True, text=True)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "bubblewrap" in result.stderr and "--no-sandbox" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

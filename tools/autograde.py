@@ -602,6 +602,9 @@ if __name__ == "__main__":
         check(args.assignments or assignments(), Path(os.environ.get("TMPDIR", "/tmp")) / "mpcourse-check")
     elif args.command == "grade":
         for name in args.assignments or parser.error("grade: name the assignments"):
-            grade_course(args.course.resolve(), name, args.timeout, not args.no_sandbox)
+            try:
+                grade_course(args.course.resolve(), name, args.timeout, not args.no_sandbox)
+            except (grader.NoSandbox, grader.BrokenEnvironment, grader.SecretError) as error:
+                sys.exit(f"autograde.py grade {name}: {error}")  # a sentence, not a traceback
     else:
         demo(args.out)
