@@ -102,3 +102,22 @@ def test_a_machine_without_bubblewrap_is_refused_in_one_sentence(tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "bubblewrap" in result.stderr and "--no-sandbox" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_pack_feedback_names_each_students_page_for_upload(tmp_path):
+    import zipfile
+    course = fresh_course(tmp_path / "course")
+    for student in ("jane", "omar"):
+        page = course / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html"
+        page.parent.mkdir(parents=True)
+        page.write_text(f"<html>feedback for {student}</html>")
+    autograde.write_submission(course, ASSIGNMENT, "late_lee", {})  # handed in, not graded yet
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), "pack-feedback", ASSIGNMENT,
+                             "--course", str(course), "--out", str(tmp_path / "upload")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    pages = tmp_path / "upload" / ASSIGNMENT
+    assert sorted(p.name for p in pages.iterdir()) == [f"jane_{ASSIGNMENT}.html", f"omar_{ASSIGNMENT}.html"]
+    assert (pages / f"omar_{ASSIGNMENT}.html").read_text() == "<html>feedback for omar</html>"
+    with zipfile.ZipFile(tmp_path / "upload" / f"{ASSIGNMENT}-feedback.zip") as archive:
+        assert sorted(archive.namelist()) == [f"jane_{ASSIGNMENT}.html", f"omar_{ASSIGNMENT}.html"]
+    assert "NO FEEDBACK for late_lee" in result.stdout

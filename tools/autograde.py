@@ -7,6 +7,8 @@
                                                 # `make grade-demo`: a whole grading session
     python tools/autograde.py grade ex4_softmax_stability [--course DIR] [--no-sandbox]
                                                 # grade a real course (tools/grader.py), then feedback
+    python tools/autograde.py pack-feedback ex4_softmax_stability --course DIR --out DIR
+                                                # each student's feedback page, named for LMS upload
 
 Every command runs the real `nbgrader` command line in a course directory: the repository root
 for `release`, a scratch copy of it for `check` and `demo`. Submissions are fabricated from the
@@ -552,6 +554,33 @@ def grade_course(course: Path, assignment: str, timeout: int, sandbox: bool) -> 
           f"feedback in {course / 'feedback'}/<student>/{assignment}/")
 
 
+def pack_feedback(course: Path, assignment: str, out: Path) -> list[Path]:
+    """Each student's feedback page, for upload to an LMS without nbgrader's exchange: copied to
+    OUT/<assignment>/<student>_<assignment>.html, and all of them in OUT/<assignment>-feedback.zip.
+    Returns the pages; names the students who handed in but have no feedback page."""
+    import zipfile
+    pages, missing = [], []
+    folder = out / assignment
+    folder.mkdir(parents=True, exist_ok=True)
+    students = sorted({p.parent.name for p in (course / "submitted").glob(f"*/{assignment}")} |
+                      {p.parent.name for p in (course / "feedback").glob(f"*/{assignment}")})
+    for student in students:
+        page = course / "feedback" / student / assignment / f"{assignment}.html"
+        if not page.is_file() or any(p.is_symlink() for p in (page, page.parent, page.parent.parent)):
+            missing.append(student)
+            continue
+        target = folder / f"{student}_{assignment}.html"
+        shutil.copyfile(page, target)
+        pages.append(target)
+    with zipfile.ZipFile(out / f"{assignment}-feedback.zip", "w", zipfile.ZIP_DEFLATED) as archive:
+        for page in pages:
+            archive.write(page, page.name)
+    print(f"{len(pages)} feedback pages in {folder}/ and {out / f'{assignment}-feedback.zip'}")
+    for student in missing:
+        print(f"  NO FEEDBACK for {student}: grade the assignment first (python tools/autograde.py grade {assignment})")
+    return pages
+
+
 def check(names: list[str], workdir: Path) -> None:
     jobs = {name: (name, submissions(name), 60) for name in names}
     for name, (graded, report) in grade_many(workdir, jobs).items():
@@ -587,9 +616,10 @@ def demo(out: Path) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["release", "check", "demo", "grade"])
+    parser.add_argument("command", choices=["release", "check", "demo", "grade", "pack-feedback"])
     parser.add_argument("assignments", nargs="*")
-    parser.add_argument("--out", type=Path, default=ROOT / "grade-demo")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="demo: the folder (grade-demo); pack-feedback: where the pages go (feedback-upload)")
     parser.add_argument("--course", type=Path, default=Path.cwd(), help="grade: the course directory")
     parser.add_argument("--timeout", type=int, default=60, help="grade: seconds per cell and per part")
     parser.add_argument("--no-sandbox", action="store_true",
@@ -606,5 +636,8 @@ if __name__ == "__main__":
                 grade_course(args.course.resolve(), name, args.timeout, not args.no_sandbox)
             except (grader.NoSandbox, grader.BrokenEnvironment, grader.SecretError) as error:
                 sys.exit(f"autograde.py grade {name}: {error}")  # a sentence, not a traceback
+    elif args.command == "pack-feedback":
+        for name in args.assignments or parser.error("pack-feedback: name the assignments"):
+            pack_feedback(args.course.resolve(), name, (args.out or args.course / "feedback-upload").resolve())
     else:
-        demo(args.out)
+        demo(args.out or ROOT / "grade-demo")
