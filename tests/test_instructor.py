@@ -121,3 +121,29 @@ def test_pack_feedback_names_each_students_page_for_upload(tmp_path):
     with zipfile.ZipFile(tmp_path / "upload" / f"{ASSIGNMENT}-feedback.zip") as archive:
         assert sorted(archive.namelist()) == [f"jane_{ASSIGNMENT}.html", f"omar_{ASSIGNMENT}.html"]
     assert "NO FEEDBACK for late_lee" in result.stdout
+
+
+def test_feedback_markdown_shows_inline_code_as_written_and_maths_as_text():
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+    text = ("Pick `0 < backoff_factor < 1` and `a && b`; values below $2^{-25}$ round to zero, "
+            "$2^{-25} \\approx 2.98 \\times 10^{-8}$. <script>alert(1)</script> &#106;")
+    page = markdown2html_mistune(grader.inert_markdown(text))
+    assert "<code>0 &lt; backoff_factor &lt; 1</code>" in page and "<code>a &amp;&amp; b</code>" in page
+    assert "&amp;lt;" not in page and "&amp;amp;" not in page  # escaped once, not twice
+    assert "2⁻²⁵ ≈ 2.98 × 10⁻⁸" in page and "$" not in page
+    assert "<script" not in page and "&amp;#106;" in page  # still no HTML, no entity decoded
+
+
+def test_the_verdict_says_plainly_which_tests_passed_and_is_not_one_long_line():
+    release = {"cells": [{"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "p1_tests", "grade": True,
+                                                                          "points": 2}}, "source": "check()"}],
+               "metadata": {}}
+    ran = {"cells": [{**release["cells"][0], "outputs": [
+        {"output_type": "stream", "name": "stdout", "text": "\N{CHECK MARK} Part 1: all tests in this cell pass.\n"}]}]}
+    message = "min_loss_scale of values spanning 40 binades should raise a ValueError; it returned 2.0 " * 2
+    nb = grader.feedback_notebook(ran, release, {"p1_tests": 2.0}, {"p1_tests": {"passed": False, "message": message}})
+    note = nb["cells"][0]["outputs"][-1]["text"]
+    assert "visible tests above passed, but the hidden tests failed (the same checks on other inputs, and on bad inputs)" \
+        in " ".join(note.split()) and "Graded: 0 / 2" in note
+    assert "should raise a ValueError" in " ".join(note.split())
+    assert max(map(len, note.splitlines())) <= 90

@@ -44,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sandbox as sandboxing  # noqa: E402
+import feedback_page  # noqa: E402
 from review_flags import PARSING, review_flags  # noqa: E402  (one lock: ast.parse is not thread-safe in 3.11)
 
 TOOLS = Path(__file__).resolve().parent
@@ -302,11 +303,12 @@ MATH_LINKS = re.compile(r"\\(href|url|class|cssId|style|data|unicode|require)\b"
 
 
 def inert_markdown(text: str) -> str:
-    """Markdown that renders as text, not HTML: `&` and `<` escaped, no link or image (their
+    """Markdown that renders as text, not HTML: `&` and `<` escaped where they could start an entity
+    or a tag, maths as plain text where it can be (tools/feedback_page.py), no link or image (their
     syntax broken: the Markdown renderer decodes entities in addresses, even escaped ones, so an
     address cannot be made safe by escaping), dangerous URL schemes broken in the text too,
     MathJax's link commands disabled."""
-    text = text.replace("&", "&amp;").replace("<", "&lt;")
+    text = feedback_page.escape_markup(feedback_page.readable_maths(text))
     text = LINK_SYNTAX.sub(lambda m: "]" + m.group(1) + "\\" + m.group(2), text)
     text = DANGEROUS_SCHEME.sub(lambda m: re.sub(r"[\s\x00-\x1f]", "", m.group(1)) + "-blocked:", text)
     return MATH_LINKS.sub(lambda m: f"\\text{{{m.group(1)}-blocked}}", text)
@@ -401,13 +403,14 @@ def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict) ->
             cells.append({"cell_type": "markdown", "metadata": metadata, "source": inert_markdown(source_text(cell))})
         elif kind == "code" and gid in points:
             verdict = verdicts.get(gid, {"passed": False, "message": "not graded"})
-            note = ("\N{CHECK MARK} hidden tests passed" if verdict["passed"]
-                    else f"\N{BALLOT X} hidden tests failed: {verdict['message']}")
             shown = [o for o in safe_outputs(cell.get("outputs")) if o["output_type"] in ("stream", "error")]
+            visible = (None if not shown else not any(o["output_type"] == "error" for o in shown))
+            note = ("\N{CHECK MARK} " if verdict["passed"] else "\N{BALLOT X} ") + feedback_page.verdict(
+                visible, verdict["passed"], verdict["message"], points[gid])
             cells.append({"cell_type": "code", "metadata": metadata, "execution_count": None,
                           "source": source_text(released[gid]),
                           "outputs": capped(shown, budget) + [{"output_type": "stream", "name": "stdout",
-                                                               "text": f"[grader] {note}\n"}]})
+                                                               "text": f"{note}\n"}]})
         elif kind == "code":
             cells.append({"cell_type": "code", "metadata": metadata, "execution_count": None,
                           "source": source_text(cell), "outputs": capped(safe_outputs(cell.get("outputs")), budget)})
