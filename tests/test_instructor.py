@@ -147,3 +147,43 @@ def test_the_verdict_says_plainly_which_tests_passed_and_is_not_one_long_line():
         in " ".join(note.split()) and "Graded: 0 / 2" in note
     assert "should raise a ValueError" in " ".join(note.split())
     assert max(map(len, note.splitlines())) <= 90
+
+
+def lms_zip(path: Path, names: dict[str, str]) -> Path:
+    """A fabricated LMS download: {name in the zip: the notebook's marker}."""
+    import zipfile
+    nb = json.loads((ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text())
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, marker in names.items():
+            archive.writestr(name, json.dumps({**nb, "metadata": {**nb["metadata"], "marker": marker}}))
+        archive.writestr("doejane_123456_7890123_notes.txt", "not a notebook")
+    return path
+
+
+def collected(course: Path) -> dict[str, str]:
+    return {p.parent.parent.name: json.loads(p.read_text())["metadata"]["marker"]
+            for p in (course / "submitted").glob(f"*/{ASSIGNMENT}/*.ipynb")}
+
+
+@pytest.mark.parametrize("lms, names, expected", [
+    ("canvas", {f"doejane_late_123456_7890123_{ASSIGNMENT}.ipynb": "jane first",
+                f"doejane_late_123456_7890123_{ASSIGNMENT}-1.ipynb": "jane second",
+                f"doejane_late_123456_7890123_{ASSIGNMENT}-2.ipynb": "jane latest",
+                f"smithomar_223344_7890456_Copy of {ASSIGNMENT}.ipynb": "omar only"},
+     {"doejane": "jane latest", "smithomar": "omar only"}),
+    ("moodle", {f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT}.ipynb": "jane first",
+                f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT} (1).ipynb": "jane latest",
+                f"Omar Smith_12346_assignsubmission_file_/{ASSIGNMENT}.ipynb": "omar only",
+                "Omar Smith_12346_assignsubmission_onlinetext_/onlinetext.html": "not a notebook"},
+     {"jane_doe_12345": "jane latest", "omar_smith_12346": "omar only"}),
+])
+def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, names, expected):
+    course = fresh_course(tmp_path / "course")
+    download = lms_zip(tmp_path / f"{lms}-download.zip", names)
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), "collect", ASSIGNMENT, "--lms", lms,
+                             "--zip", str(download), "--course", str(course)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert collected(course) == expected
+    assert all(p.name == f"{ASSIGNMENT}.ipynb" for p in (course / "submitted").glob("*/*/*"))
+    if lms == "canvas":
+        assert "LATE: doejane" in result.stdout
