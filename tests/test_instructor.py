@@ -30,21 +30,6 @@ def fresh_course(course: Path) -> Path:
     return course
 
 
-@needs_sandbox
-def test_grading_an_assignment_never_registered_registers_it_first(tmp_path):
-    course = fresh_course(tmp_path / "course")
-    release = (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text()
-    autograde.write_submission(course, ASSIGNMENT, "jane", {})  # the untouched release
-    assert not grader.registered(course, ASSIGNMENT)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        report = grader.grade(course, ASSIGNMENT, timeout=20, execute=False)
-    assert not [w for w in caught if "SAWarning" in type(w.message).__name__ or "not in session" in str(w.message)]
-    assert grader.registered(course, ASSIGNMENT) and not report.not_graded
-    assert autograde.scores(course, ASSIGNMENT)["jane"] == {t: 0.0 for t in autograde.test_points(ASSIGNMENT)}
-    assert (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text() == release
-
-
 STUDENT_DATA = ["downloaded/ex2/archive/canvas.zip", "submitted/jane/ex2/ex2.ipynb", "autograded/jane/ex2/ex2.ipynb",
                 "feedback/jane/ex2/ex2.html", "feedback-upload/jane_ex2.html", "gradebook.db", "grades.csv",
                 "_build/release-gradebook.db", ".grading-secret"]
@@ -187,3 +172,40 @@ def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, n
     assert all(p.name == f"{ASSIGNMENT}.ipynb" for p in (course / "submitted").glob("*/*/*"))
     if lms == "canvas":
         assert "LATE: doejane" in result.stdout
+
+
+@needs_sandbox
+def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
+    """The guide's path on a course whose gradebook never heard of the assignment: a Canvas
+    download collected, graded, feedback packed, grades exported; each step a command."""
+    import zipfile
+    course = fresh_course(tmp_path / "course")
+    release = (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text()
+    scratch = fresh_course(tmp_path / "scratch")
+    autograde.write_submission(scratch, ASSIGNMENT, "full", autograde.solution_cells(ASSIGNMENT))
+    autograde.write_submission(scratch, ASSIGNMENT, "blank", {})
+    with zipfile.ZipFile(tmp_path / "submissions.zip", "w") as archive:
+        for login, kind in (("doejane_late_123456_7890123", "full"), ("smithomar_223344_7890456", "blank")):
+            archive.write(scratch / "submitted" / kind / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", f"{login}_{ASSIGNMENT}.ipynb")
+    env = {**os.environ, grader.SECRET_VARIABLE: "a-test-secret"}
+
+    def step(*args):
+        result = subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), *args], cwd=course, env=env,
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "Traceback" not in result.stderr and "SAWarning" not in result.stderr, result.stderr
+        return result.stdout
+
+    step("collect", ASSIGNMENT, "--lms", "canvas", "--zip", str(tmp_path / "submissions.zip"), "--course", ".")
+    assert not grader.registered(course, ASSIGNMENT)
+    step("grade", ASSIGNMENT, "--course", ".", "--timeout", "20")
+    points = autograde.test_points(ASSIGNMENT)
+    assert autograde.scores(course, ASSIGNMENT) == {"doejane": points, "smithomar": {t: 0.0 for t in points}}
+    assert (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text() == release
+    step("pack-feedback", ASSIGNMENT, "--course", ".", "--out", "feedback-upload")
+    page = (course / "feedback-upload" / ASSIGNMENT / f"smithomar_{ASSIGNMENT}.html").read_text()
+    assert "The visible tests above did not pass, and the hidden tests failed" in " ".join(page.split())
+    assert "2⁻²⁵" in page and "$2^{-25}$" not in page  # maths readable offline, without MathJax
+    autograde.nbgrader(course, "export", "--to", "grades.csv")
+    rows = (course / "grades.csv").read_text().splitlines()
+    assert len(rows) == 3 and any(row.startswith(f"{ASSIGNMENT},") and "doejane" in row for row in rows)
