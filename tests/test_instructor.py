@@ -13,10 +13,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import autograde  # noqa: E402
 import grader  # noqa: E402
+from tests import browser  # noqa: E402
+
+CHROMIUM = browser.find_chromium()
 
 ASSIGNMENT = "ex2_loss_scaling"
 NO_SANDBOX = grader.sandbox_problem()
 needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no sandbox here: {NO_SANDBOX}")
+
+
+def in_the_browser(page: Path, width: int = 1000) -> dict:
+    """What headless Chromium shows of a feedback page, offline: its text, and for each verdict
+    box whether it scrolls sideways."""
+    with browser.Chromium(CHROMIUM) as chromium:
+        chromium.set_viewport(width, 800, mobile=False)
+        assert chromium.open(page.as_uri()) is None
+        return chromium.evaluate("""({text: document.body.innerText,
+            verdicts: [...document.querySelectorAll('pre')].filter(p => p.innerText.includes('Graded:'))
+                      .map(p => p.scrollWidth > p.clientWidth + 1)})""")
 
 
 def fresh_course(course: Path) -> Path:
@@ -206,6 +220,10 @@ def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
     page = (course / "feedback-upload" / ASSIGNMENT / f"smithomar_{ASSIGNMENT}.html").read_text()
     assert "The visible tests above did not pass, and the hidden tests failed" in " ".join(page.split())
     assert "2⁻²⁵" in page and "$2^{-25}$" not in page  # maths readable offline, without MathJax
+    if CHROMIUM:  # as a student sees it, offline: the verdict not cut, the code as written
+        seen = in_the_browser(course / "feedback-upload" / ASSIGNMENT / f"smithomar_{ASSIGNMENT}.html")
+        assert seen["verdicts"] and not any(seen["verdicts"]), "a verdict scrolls sideways"
+        assert "0 < backoff_factor < 1" in seen["text"] and "2⁻²⁵" in seen["text"] and "&lt;" not in seen["text"]
     autograde.nbgrader(course, "export", "--to", "grades.csv")
     rows = (course / "grades.csv").read_text().splitlines()
     assert len(rows) == 3 and any(row.startswith(f"{ASSIGNMENT},") and "doejane" in row for row in rows)
