@@ -131,6 +131,10 @@ def test_feedback_markdown_shows_inline_code_as_written_and_maths_as_text():
     assert "&amp;lt;" not in page and "&amp;amp;" not in page  # escaped once, not twice
     assert "2⁻²⁵ ≈ 2.98 × 10⁻⁸" in page and "$" not in page
     assert "<script" not in page and "&amp;#106;" in page  # still no HTML, no entity decoded
+    tricks = ("`<script>x</script>` $\\text{<img src=x onerror=alert(1)>}$ $\\text{](javascript:alert(1))}$ "
+              "<b>`x`</b> &#60;script&#62; \\<script>alert(1)</script> <!-- x --> </p>")
+    page = markdown2html_mistune(grader.inert_markdown(tricks))
+    assert not any(tag in page for tag in ("<script", "<img", "<b>", "<!--", "href")) and page.count("</p>") == 1
 
 
 def test_the_verdict_says_plainly_which_tests_passed_and_is_not_one_long_line():
