@@ -67,8 +67,9 @@ c.Autograde.autograde_preprocessors = [
     BoundedOutputExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
     AssignLatePenalties, CheckCellMetadata]
 
-# The instructor's secret from which tools/grader.py draws each student's hidden-test inputs
-# (mpcourse.grading.seed). This public file holds a placeholder, and the grader warns while it is
-# in use: keep your course directory private and set a long random secret of your own there
-# (see the instructor guide, "A public solutions/ folder").
+# The instructor's secret, from which tools/grader.py draws each student's hidden-test inputs
+# (mpcourse.grading.seed), is NOT set here: this file is tracked by git, and a private clone of the
+# public repository could push it back. The grader reads $MPCOURSE_GRADING_SECRET or the git-ignored
+# file .grading-secret in the course directory (the variable wins), and refuses any other value
+# than this placeholder here (instructor guide, "A public solutions/ folder").
 c.HiddenTests.secret = "public-placeholder"

@@ -7,6 +7,10 @@
                                                 # `make grade-demo`: a whole grading session
     python tools/autograde.py grade ex4_softmax_stability [--course DIR] [--no-sandbox]
                                                 # grade a real course (tools/grader.py), then feedback
+    python tools/autograde.py collect ex4_softmax_stability --lms canvas|moodle --zip FILE [--course DIR]
+                                                # an LMS download into submitted/ (nbgrader zip_collect)
+    python tools/autograde.py pack-feedback ex4_softmax_stability --course DIR --out DIR
+                                                # each student's feedback page, named for LMS upload
 
 Every command runs the real `nbgrader` command line in a course directory: the repository root
 for `release`, a scratch copy of it for `check` and `demo`. Submissions are fabricated from the
@@ -552,6 +556,59 @@ def grade_course(course: Path, assignment: str, timeout: int, sandbox: bool) -> 
           f"feedback in {course / 'feedback'}/<student>/{assignment}/")
 
 
+def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
+    """Put an LMS download (a zip, or a folder of files) in downloaded/<assignment>/archive/ and
+    run `nbgrader zip_collect` with tools/lms_collect.py's collector for that LMS: each student's
+    latest notebook lands in submitted/<student>/<assignment>/<assignment>.ipynb."""
+    archive = course / "downloaded" / assignment / "archive"
+    archive.mkdir(parents=True, exist_ok=True)
+    if download.is_dir():
+        shutil.copytree(download, archive / download.name, dirs_exist_ok=True)
+    else:
+        shutil.copy(download, archive)
+    collector = {"canvas": "CanvasCollector", "moodle": "MoodleCollector"}[lms]
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([str(BIN / "nbgrader"), "zip_collect", assignment, "--force",
+                             f"--collector=tools.lms_collect.{collector}"], cwd=course, env=env,
+                            capture_output=True, text=True)
+    log = result.stdout + result.stderr
+    if result.returncode != 0:
+        sys.exit(f"nbgrader zip_collect failed:\n{log[-3000:]}")
+    for line in log.splitlines():
+        if "LATE:" in line or "skipped" in line.lower() or "Skipped" in line:
+            print(" ", line.split("] ", 1)[-1])
+    students = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
+    print(f"{len(students)} submissions of {assignment} in {course / 'submitted'}: {', '.join(students)}")
+
+
+def pack_feedback(course: Path, assignment: str, out: Path) -> list[Path]:
+    """Each student's feedback page, for upload to an LMS without nbgrader's exchange: copied to
+    OUT/<assignment>/<student>_<assignment>.html, and all of them in OUT/<assignment>-feedback.zip.
+    Returns the pages; names the students who handed in but have no feedback page."""
+    import zipfile
+    pages, missing = [], []
+    folder = out / assignment
+    folder.mkdir(parents=True, exist_ok=True)
+    students = sorted({p.parent.name for p in (course / "submitted").glob(f"*/{assignment}")} |
+                      {p.parent.name for p in (course / "feedback").glob(f"*/{assignment}")})
+    for student in students:
+        page = course / "feedback" / student / assignment / f"{assignment}.html"
+        if not page.is_file() or any(p.is_symlink() for p in (page, page.parent, page.parent.parent)):
+            missing.append(student)
+            continue
+        target = folder / f"{student}_{assignment}.html"
+        shutil.copyfile(page, target)
+        pages.append(target)
+    with zipfile.ZipFile(out / f"{assignment}-feedback.zip", "w", zipfile.ZIP_DEFLATED) as archive:
+        for page in pages:
+            archive.write(page, page.name)
+    print(f"{len(pages)} feedback pages in {folder}/ and {out / f'{assignment}-feedback.zip'}")
+    for student in missing:
+        print(f"  NO FEEDBACK for {student}: grade the assignment first (python tools/autograde.py grade {assignment})")
+    return pages
+
+
 def check(names: list[str], workdir: Path) -> None:
     jobs = {name: (name, submissions(name), 60) for name in names}
     for name, (graded, report) in grade_many(workdir, jobs).items():
@@ -587,10 +644,13 @@ def demo(out: Path) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["release", "check", "demo", "grade"])
+    parser.add_argument("command", choices=["release", "check", "demo", "grade", "collect", "pack-feedback"])
     parser.add_argument("assignments", nargs="*")
-    parser.add_argument("--out", type=Path, default=ROOT / "grade-demo")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="demo: the folder (grade-demo); pack-feedback: where the pages go (feedback-upload)")
     parser.add_argument("--course", type=Path, default=Path.cwd(), help="grade: the course directory")
+    parser.add_argument("--lms", choices=["canvas", "moodle"], help="collect: where the download comes from")
+    parser.add_argument("--zip", type=Path, help="collect: the LMS download (a zip, or a folder of files)")
     parser.add_argument("--timeout", type=int, default=60, help="grade: seconds per cell and per part")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="grade without bubblewrap: DANGEROUS, a submission can then change other "
@@ -602,6 +662,16 @@ if __name__ == "__main__":
         check(args.assignments or assignments(), Path(os.environ.get("TMPDIR", "/tmp")) / "mpcourse-check")
     elif args.command == "grade":
         for name in args.assignments or parser.error("grade: name the assignments"):
-            grade_course(args.course.resolve(), name, args.timeout, not args.no_sandbox)
+            try:
+                grade_course(args.course.resolve(), name, args.timeout, not args.no_sandbox)
+            except (grader.NoSandbox, grader.BrokenEnvironment, grader.SecretError) as error:
+                sys.exit(f"autograde.py grade {name}: {error}")  # a sentence, not a traceback
+    elif args.command == "collect":
+        if not (args.lms and args.zip and len(args.assignments) == 1):
+            parser.error("collect: one assignment, --lms canvas|moodle and --zip FILE")
+        collect(args.course.resolve(), args.assignments[0], args.lms, args.zip.resolve())
+    elif args.command == "pack-feedback":
+        for name in args.assignments or parser.error("pack-feedback: name the assignments"):
+            pack_feedback(args.course.resolve(), name, (args.out or args.course / "feedback-upload").resolve())
     else:
-        demo(args.out)
+        demo(args.out or ROOT / "grade-demo")

@@ -44,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sandbox as sandboxing  # noqa: E402
+import feedback_page  # noqa: E402
 from review_flags import PARSING, review_flags  # noqa: E402  (one lock: ast.parse is not thread-safe in 3.11)
 
 TOOLS = Path(__file__).resolve().parent
@@ -100,6 +101,35 @@ def run_sandboxed(command: list[str], *, folder: Path, limits, sandbox: bool, st
     return sandboxing.run(command, show=python_environment(), files=files, limits=limits, stdin=stdin,
                           env={"PYTHONPATH": str(ROOT), "GRADING": "/grading" if sandbox else str(host),
                                "WORK": "/tmp" if sandbox else str(host / "work")}, sandbox=sandbox)
+
+
+class BrokenEnvironment(RuntimeError):
+    pass
+
+
+ENVIRONMENT_CHECKED: set = set()  # (sandbox, ROOT) found able to grade in this process
+
+
+def environment_problem(sandbox: bool) -> str | None:
+    """Why the course's Python cannot grade inside a sandbox (it cannot import mpcourse, torch or
+    nbgrader there), or None. Checked before anyone is graded: otherwise every student comes out
+    "NOT GRADED: No module named ..." after a full run."""
+    check = "import mpcourse, torch, nbgrader"
+    if (sandbox, ROOT) in ENVIRONMENT_CHECKED:
+        return None
+    with tempfile.TemporaryDirectory(prefix="grading-check-") as scratch:
+        (Path(scratch) / "work").mkdir()
+        run = run_sandboxed(["python", "-c", check], folder=Path(scratch), limits=sandboxing.Limits(180, 180),
+                            sandbox=sandbox)
+    if run.returncode == 0:
+        ENVIRONMENT_CHECKED.add((sandbox, ROOT))
+        return None
+    lines = (run.stderr or run.stdout).strip().splitlines() or [f"it was stopped ({run.killed or 'no message'})"]
+    return (f"inside the sandbox, the course's Python ({sys.executable}) cannot run `{check}`: {lines[-1]}. "
+            f"A sandbox shows only that Python's environment ({sys.prefix}), its base installation and "
+            f"{ROOT / 'mpcourse'}: install torch and nbgrader into that environment itself (not a user "
+            "site-packages folder or an editable install elsewhere), and run the tools/autograde.py of "
+            "the repository whose mpcourse/ the course uses")
 
 
 # --- reading the source and a submission (JSON only) ------------------------------------
@@ -273,11 +303,12 @@ MATH_LINKS = re.compile(r"\\(href|url|class|cssId|style|data|unicode|require)\b"
 
 
 def inert_markdown(text: str) -> str:
-    """Markdown that renders as text, not HTML: `&` and `<` escaped, no link or image (their
+    """Markdown that renders as text, not HTML: `&` and `<` escaped where they could start an entity
+    or a tag, maths as plain text where it can be (tools/feedback_page.py), no link or image (their
     syntax broken: the Markdown renderer decodes entities in addresses, even escaped ones, so an
     address cannot be made safe by escaping), dangerous URL schemes broken in the text too,
     MathJax's link commands disabled."""
-    text = text.replace("&", "&amp;").replace("<", "&lt;")
+    text = feedback_page.escape_markup(feedback_page.readable_maths(text))
     text = LINK_SYNTAX.sub(lambda m: "]" + m.group(1) + "\\" + m.group(2), text)
     text = DANGEROUS_SCHEME.sub(lambda m: re.sub(r"[\s\x00-\x1f]", "", m.group(1)) + "-blocked:", text)
     return MATH_LINKS.sub(lambda m: f"\\text{{{m.group(1)}-blocked}}", text)
@@ -372,13 +403,14 @@ def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict) ->
             cells.append({"cell_type": "markdown", "metadata": metadata, "source": inert_markdown(source_text(cell))})
         elif kind == "code" and gid in points:
             verdict = verdicts.get(gid, {"passed": False, "message": "not graded"})
-            note = ("\N{CHECK MARK} hidden tests passed" if verdict["passed"]
-                    else f"\N{BALLOT X} hidden tests failed: {verdict['message']}")
             shown = [o for o in safe_outputs(cell.get("outputs")) if o["output_type"] in ("stream", "error")]
+            visible = (None if not shown else not any(o["output_type"] == "error" for o in shown))
+            note = ("\N{CHECK MARK} " if verdict["passed"] else "\N{BALLOT X} ") + feedback_page.verdict(
+                visible, verdict["passed"], verdict["message"], points[gid])
             cells.append({"cell_type": "code", "metadata": metadata, "execution_count": None,
                           "source": source_text(released[gid]),
                           "outputs": capped(shown, budget) + [{"output_type": "stream", "name": "stdout",
-                                                               "text": f"[grader] {note}\n"}]})
+                                                               "text": f"{note}\n"}]})
         elif kind == "code":
             cells.append({"cell_type": "code", "metadata": metadata, "execution_count": None,
                           "source": source_text(cell), "outputs": capped(safe_outputs(cell.get("outputs")), budget)})
@@ -468,13 +500,70 @@ def grade_student(course, assignment, student, template, source, release, secret
         return json.loads(line.removeprefix("RESULT ")), ran, None, note, flags
 
 
+def registered(course: Path, assignment: str) -> bool:
+    """Whether the course's gradebook knows `assignment` (grades can be written for it)."""
+    from nbgrader.api import Gradebook, MissingEntry
+    if not (course / "gradebook.db").exists():
+        return False
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        try:
+            gradebook.find_notebook(assignment, assignment)
+        except MissingEntry:
+            return False
+    return True
+
+
+def register(course: Path, assignment: str) -> None:
+    """Put `assignment` (its notebook, points and cells) in the course's gradebook as `nbgrader
+    generate_assignment` does, without touching exercises/ (the release goes to a scratch folder):
+    `make exercises` registers nothing, it uses a scratch gradebook."""
+    with tempfile.TemporaryDirectory(prefix="registration-") as scratch:
+        result = subprocess.run(nbgrader_command("generate_assignment", assignment, "--force",
+                                                 f"--CourseDirectory.release_directory={scratch}"),
+                                cwd=course, env=ENV, capture_output=True, text=True)
+    if result.returncode != 0 or not registered(course, assignment):
+        raise RuntimeError(f"could not register {assignment} in {course / 'gradebook.db'}: nbgrader said\n"
+                           f"{result.stdout[-1500:]}{result.stderr[-1500:]}\nFix that, then run, in {course}:\n"
+                           f"  nbgrader generate_assignment {assignment} --force "
+                           f"--CourseDirectory.release_directory=/tmp/{assignment}-release")
+
+
+SECRET_VARIABLE = "MPCOURSE_GRADING_SECRET"
+SECRET_FILE = ".grading-secret"
+
+
+class SecretError(RuntimeError):
+    pass
+
+
+def tracked(course: Path, path: Path) -> bool:
+    """Whether git tracks `path` in `course` (False outside a git repository)."""
+    result = subprocess.run(["git", "ls-files", "--error-unmatch", str(path)], cwd=course,
+                            capture_output=True, text=True)
+    return result.returncode == 0
+
+
 def instructor_secret(course: Path) -> str:
+    """The secret the hidden tests' inputs are drawn from: $MPCOURSE_GRADING_SECRET, else the
+    untracked file .grading-secret in the course directory, never a file git tracks (a clone of a
+    public repository pushes it back one day). Neither: the public placeholder, with a warning."""
     from traitlets.config.loader import PyFileConfigLoader
     config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
-    secret = str(config.HiddenTests.get("secret", PLACEHOLDER_SECRET))
-    if secret.startswith(PLACEHOLDER_SECRET):
-        warnings.warn("c.HiddenTests.secret is the public placeholder: anyone who reads solutions/ can "
-                      "compute the hidden tests' inputs. Set your own in your private course directory.")
+    if not str(config.HiddenTests.get("secret", PLACEHOLDER_SECRET)).startswith(PLACEHOLDER_SECRET):
+        raise SecretError(f"nbgrader_config.py sets c.HiddenTests.secret: that file is tracked by git, so the "
+                          f"secret would be pushed with it. Put it in ${SECRET_VARIABLE} or in {course / SECRET_FILE} "
+                          "(git-ignored), and set the line back to the placeholder.")
+    secret = os.environ.get(SECRET_VARIABLE, "").strip()
+    path = course / SECRET_FILE
+    if not secret and path.exists():
+        if tracked(course, path):
+            raise SecretError(f"{path} is tracked by git, so the secret would be pushed with it: "
+                              f"run `git rm --cached {SECRET_FILE}` there, then make a new secret (the old one may be public).")
+        secret = path.read_text().strip()
+    if not secret:
+        warnings.warn(f"no grading secret (${SECRET_VARIABLE} or {SECRET_FILE}): using the public placeholder, so anyone "
+                      "who reads solutions/ can compute the hidden tests' inputs. Set your own (instructor guide).")
+        return PLACEHOLDER_SECRET
     return secret
 
 
@@ -499,16 +588,26 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
         print("NOTE: no cgroups here (root cannot create cgroup v1 groups): grading one student at a time, "
               "so that no sandbox can starve another.", file=sys.stderr, flush=True)
         workers = 1
+    broken = environment_problem(sandbox)
+    if broken:
+        raise BrokenEnvironment(f"refusing to grade: {broken}.")
     students = students or sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
     source = read_notebook(course / "solutions" / assignment / f"{assignment}.ipynb")
     release = read_notebook(course / "exercises" / assignment / f"{assignment}.ipynb")
     points = {grade_id(c): float(c["metadata"]["nbgrader"]["points"]) for c in source["cells"]
               if grade_id(c) and c["metadata"]["nbgrader"].get("grade") and c["cell_type"] == "code"}
     secret = instructor_secret(course)
+    if not registered(course, assignment):  # before grading anyone: the grades need somewhere to go
+        print(f"registering {assignment} in {course / 'gradebook.db'} (first grading of it)", file=sys.stderr, flush=True)
+        register(course, assignment)
     hidden_lines = hidden_test_lines(source)
     report = Report()
-    with tempfile.TemporaryDirectory(prefix="grading-template-") as scratch, \
+    from sqlalchemy.exc import SAWarning
+    with tempfile.TemporaryDirectory(prefix="grading-template-") as scratch, warnings.catch_warnings(), \
             Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        # nbgrader's API adds a submission's rows in an order SQLAlchemy 2 notes three times per run
+        # ("not in session, add operation ... will not proceed"): harmless, the rows are written.
+        warnings.filterwarnings("ignore", category=SAWarning)
         template = template_course(course, assignment, Path(scratch))
         with ThreadPoolExecutor(workers) as pool:
             started = {}

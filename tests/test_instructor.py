@@ -1,0 +1,233 @@
+"""The instructor's path from a fresh private clone to returnable feedback (issue 36): each step
+the guide gives works as written, on one tiny course with few students."""
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import autograde  # noqa: E402
+import grader  # noqa: E402
+from tests import browser  # noqa: E402
+
+CHROMIUM = browser.find_chromium()
+
+ASSIGNMENT = "ex2_loss_scaling"
+NO_SANDBOX = grader.sandbox_problem()
+needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no sandbox here: {NO_SANDBOX}")
+
+
+def in_the_browser(page: Path, width: int = 1000) -> dict:
+    """What headless Chromium shows of a feedback page, offline: its text, and for each verdict
+    box whether it scrolls sideways."""
+    with browser.Chromium(CHROMIUM) as chromium:
+        chromium.set_viewport(width, 800, mobile=False)
+        assert chromium.open(page.as_uri()) is None
+        return chromium.evaluate("""({text: document.body.innerText,
+            verdicts: [...document.querySelectorAll('pre')].filter(p => p.innerText.includes('Graded:'))
+                      .map(p => p.scrollWidth > p.clientWidth + 1)})""")
+
+
+def fresh_course(course: Path) -> Path:
+    """A course directory as a clone holds it: config, source and release, no gradebook."""
+    course.mkdir(parents=True)
+    (course / "nbgrader_config.py").write_text((ROOT / "nbgrader_config.py").read_text())
+    for folder in ("solutions", "exercises"):
+        (course / folder / ASSIGNMENT).mkdir(parents=True)
+        name = f"{ASSIGNMENT}.ipynb"
+        (course / folder / ASSIGNMENT / name).write_text((ROOT / folder / ASSIGNMENT / name).read_text())
+    return course
+
+
+STUDENT_DATA = ["downloaded/ex2/archive/canvas.zip", "submitted/jane/ex2/ex2.ipynb", "autograded/jane/ex2/ex2.ipynb",
+                "feedback/jane/ex2/ex2.html", "feedback-upload/jane_ex2.html", "gradebook.db", "grades.csv",
+                "_build/release-gradebook.db", ".grading-secret"]
+
+
+@pytest.mark.parametrize("path", STUDENT_DATA)
+def test_student_data_and_the_secret_are_ignored_by_git(path):
+    result = subprocess.run(["git", "check-ignore", "--no-index", "-q", path], cwd=ROOT)
+    assert result.returncode == 0, f"{path} would be committed"
+
+
+def test_the_secret_comes_from_the_variable_then_the_untracked_file(tmp_path, monkeypatch):
+    course = fresh_course(tmp_path / "course")
+    monkeypatch.delenv(grader.SECRET_VARIABLE, raising=False)
+    with pytest.warns(UserWarning, match="placeholder"):
+        assert grader.instructor_secret(course) == grader.PLACEHOLDER_SECRET
+    (course / ".grading-secret").write_text("from-the-file\n")
+    assert grader.instructor_secret(course) == "from-the-file"
+    monkeypatch.setenv(grader.SECRET_VARIABLE, "from-the-variable")
+    assert grader.instructor_secret(course) == "from-the-variable"
+
+
+def test_a_secret_in_a_tracked_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.delenv(grader.SECRET_VARIABLE, raising=False)
+    course = fresh_course(tmp_path / "course")
+    (course / ".grading-secret").write_text("pushed-one-day")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=course, check=True)
+    subprocess.run([*git, "add", "-f", ".grading-secret"], cwd=course, check=True)
+    with pytest.raises(grader.SecretError, match="tracked by git"):
+        grader.instructor_secret(course)
+    (course / ".grading-secret").unlink()
+    config = course / "nbgrader_config.py"
+    config.write_text(config.read_text().replace('secret = "public-placeholder"', 'secret = "mine"'))
+    with pytest.raises(grader.SecretError, match="nbgrader_config.py"):
+        grader.instructor_secret(course)
+
+
+@needs_sandbox
+def test_a_python_that_cannot_import_the_course_inside_the_sandbox_is_refused_before_grading(tmp_path, monkeypatch):
+    assert grader.environment_problem(sandbox=True) is None
+    monkeypatch.setattr(grader, "ROOT", tmp_path)  # a repository without mpcourse/: the library is not shown
+    problem = grader.environment_problem(sandbox=True)
+    if problem is None:
+        pytest.skip("mpcourse is installed inside the environment itself here")
+    assert "No module named 'mpcourse'" in problem and sys.executable in problem
+    with pytest.raises(grader.BrokenEnvironment, match="refusing to grade.*mpcourse"):
+        grader.grade(tmp_path, ASSIGNMENT, timeout=20)
+
+
+def test_a_machine_without_bubblewrap_is_refused_in_one_sentence(tmp_path):
+    course = fresh_course(tmp_path / "course")
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), "grade", ASSIGNMENT, "--course", str(course)],
+                            env={**os.environ, "PATH": str(tmp_path)}, capture_output=True, text=True)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "bubblewrap" in result.stderr and "--no-sandbox" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_pack_feedback_names_each_students_page_for_upload(tmp_path):
+    import zipfile
+    course = fresh_course(tmp_path / "course")
+    for student in ("jane", "omar"):
+        page = course / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html"
+        page.parent.mkdir(parents=True)
+        page.write_text(f"<html>feedback for {student}</html>")
+    autograde.write_submission(course, ASSIGNMENT, "late_lee", {})  # handed in, not graded yet
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), "pack-feedback", ASSIGNMENT,
+                             "--course", str(course), "--out", str(tmp_path / "upload")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    pages = tmp_path / "upload" / ASSIGNMENT
+    assert sorted(p.name for p in pages.iterdir()) == [f"jane_{ASSIGNMENT}.html", f"omar_{ASSIGNMENT}.html"]
+    assert (pages / f"omar_{ASSIGNMENT}.html").read_text() == "<html>feedback for omar</html>"
+    with zipfile.ZipFile(tmp_path / "upload" / f"{ASSIGNMENT}-feedback.zip") as archive:
+        assert sorted(archive.namelist()) == [f"jane_{ASSIGNMENT}.html", f"omar_{ASSIGNMENT}.html"]
+    assert "NO FEEDBACK for late_lee" in result.stdout
+
+
+def test_feedback_markdown_shows_inline_code_as_written_and_maths_as_text():
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+    text = ("Pick `0 < backoff_factor < 1` and `a && b`; values below $2^{-25}$ round to zero, "
+            "$2^{-25} \\approx 2.98 \\times 10^{-8}$. <script>alert(1)</script> &#106;")
+    page = markdown2html_mistune(grader.inert_markdown(text))
+    assert "<code>0 &lt; backoff_factor &lt; 1</code>" in page and "<code>a &amp;&amp; b</code>" in page
+    assert "&amp;lt;" not in page and "&amp;amp;" not in page  # escaped once, not twice
+    assert "2⁻²⁵ ≈ 2.98 × 10⁻⁸" in page and "$" not in page
+    assert "<script" not in page and "&amp;#106;" in page  # still no HTML, no entity decoded
+    tricks = ("`<script>x</script>` $\\text{<img src=x onerror=alert(1)>}$ $\\text{](javascript:alert(1))}$ "
+              "<b>`x`</b> &#60;script&#62; \\<script>alert(1)</script> <!-- x --> </p>")
+    page = markdown2html_mistune(grader.inert_markdown(tricks))
+    assert not any(tag in page for tag in ("<script", "<img", "<b>", "<!--", "href")) and page.count("</p>") == 1
+
+
+def test_the_verdict_says_plainly_which_tests_passed_and_is_not_one_long_line():
+    release = {"cells": [{"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "p1_tests", "grade": True,
+                                                                          "points": 2}}, "source": "check()"}],
+               "metadata": {}}
+    ran = {"cells": [{**release["cells"][0], "outputs": [
+        {"output_type": "stream", "name": "stdout", "text": "\N{CHECK MARK} Part 1: all tests in this cell pass.\n"}]}]}
+    message = "min_loss_scale of values spanning 40 binades should raise a ValueError; it returned 2.0 " * 2
+    nb = grader.feedback_notebook(ran, release, {"p1_tests": 2.0}, {"p1_tests": {"passed": False, "message": message}})
+    note = nb["cells"][0]["outputs"][-1]["text"]
+    assert "visible tests above passed, but the hidden tests failed (the same checks on other inputs, and on bad inputs)" \
+        in " ".join(note.split()) and "Graded: 0 / 2" in note
+    assert "should raise a ValueError" in " ".join(note.split())
+    assert max(map(len, note.splitlines())) <= 90
+
+
+def lms_zip(path: Path, names: dict[str, str]) -> Path:
+    """A fabricated LMS download: {name in the zip: the notebook's marker}."""
+    import zipfile
+    nb = json.loads((ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text())
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, marker in names.items():
+            archive.writestr(name, json.dumps({**nb, "metadata": {**nb["metadata"], "marker": marker}}))
+        archive.writestr("doejane_123456_7890123_notes.txt", "not a notebook")
+    return path
+
+
+def collected(course: Path) -> dict[str, str]:
+    return {p.parent.parent.name: json.loads(p.read_text())["metadata"]["marker"]
+            for p in (course / "submitted").glob(f"*/{ASSIGNMENT}/*.ipynb")}
+
+
+@pytest.mark.parametrize("lms, names, expected", [
+    ("canvas", {f"doejane_late_123456_7890123_{ASSIGNMENT}.ipynb": "jane first",
+                f"doejane_late_123456_7890123_{ASSIGNMENT}-1.ipynb": "jane second",
+                f"doejane_late_123456_7890123_{ASSIGNMENT}-2.ipynb": "jane latest",
+                f"smithomar_223344_7890456_Copy of {ASSIGNMENT}.ipynb": "omar only"},
+     {"doejane": "jane latest", "smithomar": "omar only"}),
+    ("moodle", {f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT}.ipynb": "jane first",
+                f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT} (1).ipynb": "jane latest",
+                f"Omar Smith_12346_assignsubmission_file_/{ASSIGNMENT}.ipynb": "omar only",
+                "Omar Smith_12346_assignsubmission_onlinetext_/onlinetext.html": "not a notebook"},
+     {"jane_doe_12345": "jane latest", "omar_smith_12346": "omar only"}),
+])
+def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, names, expected):
+    course = fresh_course(tmp_path / "course")
+    download = lms_zip(tmp_path / f"{lms}-download.zip", names)
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), "collect", ASSIGNMENT, "--lms", lms,
+                             "--zip", str(download), "--course", str(course)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert collected(course) == expected
+    assert all(p.name == f"{ASSIGNMENT}.ipynb" for p in (course / "submitted").glob("*/*/*"))
+    if lms == "canvas":
+        assert "LATE: doejane" in result.stdout
+
+
+@needs_sandbox
+def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
+    """The guide's path on a course whose gradebook never heard of the assignment: a Canvas
+    download collected, graded, feedback packed, grades exported; each step a command."""
+    import zipfile
+    course = fresh_course(tmp_path / "course")
+    release = (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text()
+    scratch = fresh_course(tmp_path / "scratch")
+    autograde.write_submission(scratch, ASSIGNMENT, "full", autograde.solution_cells(ASSIGNMENT))
+    autograde.write_submission(scratch, ASSIGNMENT, "blank", {})
+    with zipfile.ZipFile(tmp_path / "submissions.zip", "w") as archive:
+        for login, kind in (("doejane_late_123456_7890123", "full"), ("smithomar_223344_7890456", "blank")):
+            archive.write(scratch / "submitted" / kind / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", f"{login}_{ASSIGNMENT}.ipynb")
+    env = {**os.environ, grader.SECRET_VARIABLE: "a-test-secret"}
+
+    def step(*args):
+        result = subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), *args], cwd=course, env=env,
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "Traceback" not in result.stderr and "SAWarning" not in result.stderr, result.stderr
+        return result.stdout
+
+    step("collect", ASSIGNMENT, "--lms", "canvas", "--zip", str(tmp_path / "submissions.zip"), "--course", ".")
+    assert not grader.registered(course, ASSIGNMENT)
+    step("grade", ASSIGNMENT, "--course", ".", "--timeout", "20")
+    points = autograde.test_points(ASSIGNMENT)
+    assert autograde.scores(course, ASSIGNMENT) == {"doejane": points, "smithomar": {t: 0.0 for t in points}}
+    assert (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text() == release
+    step("pack-feedback", ASSIGNMENT, "--course", ".", "--out", "feedback-upload")
+    page = (course / "feedback-upload" / ASSIGNMENT / f"smithomar_{ASSIGNMENT}.html").read_text()
+    assert "The visible tests above did not pass, and the hidden tests failed" in " ".join(page.split())
+    assert "2⁻²⁵" in page and "$2^{-25}$" not in page  # maths readable offline, without MathJax
+    if CHROMIUM:  # as a student sees it, offline: the verdict not cut, the code as written
+        seen = in_the_browser(course / "feedback-upload" / ASSIGNMENT / f"smithomar_{ASSIGNMENT}.html")
+        assert seen["verdicts"] and not any(seen["verdicts"]), "a verdict scrolls sideways"
+        assert "0 < backoff_factor < 1" in seen["text"] and "2⁻²⁵" in seen["text"] and "&lt;" not in seen["text"]
+    autograde.nbgrader(course, "export", "--to", "grades.csv")
+    rows = (course / "grades.csv").read_text().splitlines()
+    assert len(rows) == 3 and any(row.startswith(f"{ASSIGNMENT},") and "doejane" in row for row in rows)

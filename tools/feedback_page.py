@@ -1,0 +1,138 @@
+"""How the feedback page reads (tools/grader.py decides what it may show).
+
+    readable_maths(markdown) -> markdown     # $2^{-25}$ -> 2⁻²⁵, offline, no MathJax needed
+    escape_markup(text) -> text              # `&` and `<` escaped only where they could start markup
+    verdict(visible_passed, hidden_passed, message, points) -> text
+
+The page is uploaded to an LMS and opened offline, where MathJax (from a CDN) never loads: the
+maths is turned into plain Unicode text when the feedback is built, a few hundred bytes, and a
+formula this cannot read is left as its TeX source, still readable.
+"""
+import re
+import textwrap
+
+SYMBOLS = {
+    "approx": "≈", "times": "×", "cdot": "·", "ast": "∗", "pm": "±", "infty": "∞", "dots": "…",
+    "ldots": "…", "cdots": "⋯", "le": "≤", "leq": "≤", "ge": "≥", "geq": "≥", "ne": "≠", "neq": "≠",
+    "ll": "≪", "gg": "≫", "to": "→", "rightarrow": "→", "leftarrow": "←", "in": "∈", "propto": "∝",
+    "top": "ᵀ", "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "Delta": "Δ", "epsilon": "ε",
+    "varepsilon": "ε", "eta": "η", "theta": "θ", "lambda": "λ", "mu": "μ", "sigma": "σ", "Phi": "Φ",
+    "phi": "φ", "pi": "π", "sum": "Σ", "prod": "Π", "log": "log", "ln": "ln", "exp": "exp", "max": "max",
+    "min": "min", "lVert": "‖", "rVert": "‖", "lfloor": "⌊", "rfloor": "⌋", "lceil": "⌈", "rceil": "⌉",
+    "mid": "|", " ": " ", "left": "", "right": "", ",": " ", ";": " ", ":": " ", "quad": "  ", "qquad": "    ",
+    "{": "{", "}": "}", "|": "‖", "%": "%", "_": "_", "$": "$",
+}
+WRAPPERS = {"text", "mathrm", "operatorname", "mathit", "mathbf", "textrm", "mathsf", "mathtt"}
+ACCENTS = {"hat": "\u0302", "bar": "\u0304", "tilde": "\u0303", "vec": "\u20d7"}
+SUPER = dict(zip("0123456789+-=()nik", "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁼⁽⁾ⁿⁱᵏ"))
+SUB = dict(zip("0123456789+-=()aeoxhklmnpstij", "₀₁₂₃₄₅₆₇₈₉₊₋₌₍₎ₐₑₒₓₕₖₗₘₙₚₛₜᵢⱼ"))
+MATH = re.compile(r"\$\$(.+?)\$\$|\$([^$\n]+?)\$", re.S)
+CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
+
+
+class Unreadable(ValueError):
+    pass
+
+
+def _group(tex: str, i: int) -> tuple[str, int]:
+    """The argument at tex[i]: a {group} or one character (or one command); (text, next index)."""
+    while i < len(tex) and tex[i] == " ":
+        i += 1
+    if i >= len(tex):
+        raise Unreadable(tex)
+    if tex[i] == "{":
+        depth = 0
+        for j in range(i, len(tex)):
+            depth += {"{": 1, "}": -1}.get(tex[j], 0)
+            if depth == 0:
+                return tex[i + 1:j], j + 1
+        raise Unreadable(tex)
+    if tex[i] == "\\":
+        name = re.match(r"\\([A-Za-z]+|.)", tex[i:]).group(0)
+        return name, i + len(name)
+    return tex[i], i + 1
+
+
+def _script(text: str, table: dict, mark: str) -> str:
+    return "".join(table[c] for c in text) if text and all(c in table for c in text) else f"{mark}({text})"
+
+
+def tex_text(tex: str) -> str:
+    """Plain text for a TeX formula; Unreadable if it uses what this does not know."""
+    out, i = [], 0
+    while i < len(tex):
+        char = tex[i]
+        if char == "\\":
+            name = re.match(r"\\([A-Za-z]+|.)", tex[i:]).group(1)
+            i += len(name) + 1
+            if name in SYMBOLS:
+                out.append(SYMBOLS[name])
+            elif name in WRAPPERS:
+                text, i = _group(tex, i)
+                out.append(text)
+            elif name in ACCENTS:
+                text, i = _group(tex, i)
+                out.append(tex_text(text) + ACCENTS[name])
+            elif name in ("frac", "dfrac", "tfrac"):
+                top, i = _group(tex, i)
+                bottom, i = _group(tex, i)
+                top, bottom = tex_text(top), tex_text(bottom)
+                wrap = lambda t: t if re.fullmatch(r"[\w.]+", t) else f"({t})"  # noqa: E731
+                out.append(f"{wrap(top)}/{wrap(bottom)}")
+            elif name == "sqrt":
+                text, i = _group(tex, i)
+                text = tex_text(text)
+                out.append(f"√{text}" if re.fullmatch(r"\w+", text) else f"√({text})")
+            else:
+                raise Unreadable(tex)
+        elif char in "^_":
+            text, i = _group(tex, i + 1)
+            out.append(_script(tex_text(text), SUPER if char == "^" else SUB, char))
+        elif char in "{}":
+            i += 1
+        else:
+            out.append(char)
+            i += 1
+    return "".join(out).strip()
+
+
+def readable_maths(markdown: str) -> str:
+    """Markdown with each $formula$ (outside code spans) as plain text, or as its TeX if unknown."""
+    def formula(match):
+        tex = match.group(1) or match.group(2)
+        try:
+            text = tex_text(tex)
+        except (Unreadable, AttributeError):
+            return match.group(0)
+        text = text.replace("*", "\\*").replace("_", "\\_")  # no Markdown emphasis from maths
+        return f"\n\n{text}\n\n" if match.group(1) else text
+
+    pieces, last = [], 0
+    for code in CODE_SPAN.finditer(markdown):
+        pieces += [MATH.sub(formula, markdown[last:code.start()]), code.group(0)]
+        last = code.end()
+    return "".join(pieces + [MATH.sub(formula, markdown[last:])])
+
+
+def escape_markup(text: str) -> str:
+    """`&` and `<` escaped where they could start an entity or a tag (`&x`, `&#`, `<a`, `</`, `<!`,
+    `<?`): no HTML gets through, and `0 < x < 1` or `a && b` in inline code is shown as written
+    (escaping every `<` showed `&lt;` there: a code span prints its text as is)."""
+    text = re.sub(r"&(?=[A-Za-z0-9#])", "&amp;", text)
+    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
+
+
+def verdict(visible_passed: bool | None, hidden_passed: bool, message: str, points: float, width: int = 88) -> str:
+    """The grader's line under a part's test cell, in plain words, wrapped (no sideways scrolling)."""
+    hidden = "the hidden tests failed (the same checks on other inputs, and on bad inputs)"
+    if hidden_passed:
+        text = (f"Graded: {points:g} / {points:g}. The hidden tests (the same checks on other inputs, and on bad "
+                "inputs) passed too.")
+    elif visible_passed:
+        text = f"Graded: 0 / {points:g}. The visible tests above passed, but {hidden}: {message}"
+    elif visible_passed is None:
+        text = f"Graded: 0 / {points:g}. {hidden[0].upper()}{hidden[1:]}: {message}"
+    else:
+        text = f"Graded: 0 / {points:g}. The visible tests above did not pass, and {hidden}: {message}"
+    return "\n".join(textwrap.fill(line, width, break_long_words=True, break_on_hyphens=False)
+                     for line in text.splitlines() or [""])
