@@ -62,7 +62,7 @@ class Report:
     scores: dict = field(default_factory=dict)      # student -> {test cell: points}
     messages: dict = field(default_factory=dict)    # student -> {test cell: failure message}
     not_graded: dict = field(default_factory=dict)  # student -> why no hidden-test result (0 recorded)
-    notes: dict = field(default_factory=dict)       # student -> what else went wrong (feedback run)
+    notes: dict = field(default_factory=dict)       # student -> what else to know (a renamed notebook, the feedback run)
     flags: dict = field(default_factory=dict)       # student -> {part: [why to read that answer]}
     seconds: dict = field(default_factory=dict)     # student -> wall-clock seconds of their grading
 
@@ -177,17 +177,44 @@ def read_notebook(path: Path) -> dict:
     return parse_notebook(path.read_bytes())
 
 
+def submitted_name(course: Path, student: str, assignment: str) -> str:
+    """The file of the submission that is graded: `<assignment>.ipynb` if there is one, else the
+    folder's single notebook whatever its name (Colab's "Save a copy" gives `Copy of
+    <assignment>.ipynb`; a download may add ` (1)`). Hidden files are not notebooks; two or more
+    notebooks, none with the assignment's name, or none at all, are refused with the reason."""
+    folder = course / "submitted" / student / assignment
+    expected = f"{assignment}.ipynb"
+    if os.path.lexists(folder / expected):
+        return expected
+    found = sorted(entry.name for entry in folder.iterdir()
+                   if entry.name.endswith(".ipynb") and not entry.name.startswith("."))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise ValueError(f"the submission holds no notebook (.ipynb file): hand in {expected}")
+    raise ValueError(f"the submission holds {len(found)} notebooks ({', '.join(found[:5])}) and none is "
+                     f"named {expected}: hand in one notebook")
+
+
+def renamed_note(name: str, assignment: str) -> str | None:
+    """What the report says when the graded notebook is not named `<assignment>.ipynb`."""
+    if name == f"{assignment}.ipynb":
+        return None
+    return f"graded {name!r}, the submission's only notebook (not named {assignment}.ipynb)"
+
+
 def read_submission(course: Path, student: str, assignment: str) -> dict:
-    """The submitted notebook, read without following a symbolic link: refused if it is one, or
-    a folder on its way is one, or its folder holds one (a link would make the grader read, and
-    show in the feedback, whatever it points to)."""
+    """The submitted notebook (`submitted_name`), read without following a symbolic link: refused
+    if it is one, or a folder on its way is one, or its folder holds one (a link would make the
+    grader read, and show in the feedback, whatever it points to)."""
     folder = course / "submitted"
     for name in (student, assignment):
         folder = folder / name
         if folder.is_symlink():
             raise ValueError(f"submitted/{folder.relative_to(course / 'submitted')} is a symbolic link, "
                              "not a folder: hand in the notebook itself")
-    if (folder / f"{assignment}.ipynb").is_symlink():
+    notebook = folder / submitted_name(course, student, assignment)
+    if notebook.is_symlink():
         raise ValueError("the submitted notebook is a symbolic link: hand in the notebook itself")
     for where, folders, files in os.walk(folder):
         for name in folders + files:
@@ -195,7 +222,7 @@ def read_submission(course: Path, student: str, assignment: str) -> dict:
                 raise ValueError(f"the submission contains a symbolic link ({name}): "
                                  "hand in the notebook itself, no links")
     try:
-        fd = os.open(folder / f"{assignment}.ipynb", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(notebook, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as error:
         if error.errno == 40:  # ELOOP: the notebook itself is a link
             raise ValueError("the submitted notebook is a symbolic link: hand in the notebook itself") from None
@@ -436,11 +463,12 @@ def grade_student(course, assignment, student, template, source, release, secret
     student. The notebook as run comes from the sandbox: data to sanitise, nothing to trust."""
     try:
         submission = read_submission(course, student, assignment)
+        renamed = renamed_note(submitted_name(course, student, assignment), assignment)
     except (OSError, ValueError) as error:
         return None, None, f"the submission could not be read: {error}", None, None
     flags = review_flags(submission)
     with tempfile.TemporaryDirectory(prefix=f"grading-{assignment}-") as scratch:
-        ran, note = submission, None
+        ran, note = submission, renamed
         if execute:
             folder = Path(scratch) / "feedback"
             folder.mkdir()
@@ -453,7 +481,7 @@ def grade_student(course, assignment, student, template, source, release, secret
             except ValueError:
                 why = (f"ran past the {feedback_seconds(timeout)} s allowed for the whole notebook" if run.killed == "time"
                        else f"used more than its CPU time" if run.killed else f"failed ({run.stderr[-300:]})")
-                note = f"its notebook run {why}; the feedback shows it as submitted"
+                note = "; ".join(filter(None, [renamed, f"its notebook run {why}; the feedback shows it as submitted"]))
         folder = Path(scratch) / "hidden"
         folder.mkdir()
         shutil.copy(TOOLS / "hidden_tests.py", folder / "hidden_tests.py")
