@@ -245,6 +245,8 @@ def _shown(value, width: int = 60) -> str:
     `torch.float32`, a string with its quotes, a large tensor by its shape and dtype."""
     if isinstance(value, torch.Tensor) and value.numel() > 8:
         text = f"<tensor of shape {tuple(value.shape)}, {value.dtype}>"
+    elif isinstance(value, type):  # np.float32: a type, not a torch.dtype
+        text = f"{value.__module__}.{value.__qualname__}".replace("builtins.", "")
     elif isinstance(value, (torch.Tensor, torch.dtype, bool, int, float, complex, str, bytes, type(None),
                             tuple, list, dict, np.generic, np.ndarray)):
         text = repr(value)

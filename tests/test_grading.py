@@ -194,6 +194,11 @@ def test_raises_accepts_the_expected_exception_and_shows_the_real_call_otherwise
     with pytest.raises(AssertionError, match=r"\(<tensor of shape \(100,\), torch.float32>, scale=2.0\) returned 0.5"):
         grading.raises(ValueError, lambda x, scale: 0.5, torch.zeros(100), scale=2.0)
 
+    def unchecked_cost(m, n, k, dtype):
+        return dtype.is_floating_point
+    with pytest.raises(AssertionError, match=r"^unchecked_cost\(4, 4, 4, numpy.float32\) raised AttributeError: "):
+        grading.raises(TypeError, unchecked_cost, 4, 4, 4, np.float32)
+
 
 def test_assert_close_prints_enough_digits_to_see_the_difference():
     with pytest.raises(AssertionError) as caught:

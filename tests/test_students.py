@@ -53,3 +53,7 @@ def test_the_students_page_says_how_to_hand_in_and_that_the_name_does_not_matter
     hand_in = section("Handing in an exercise")
     assert ".ipynb" in hand_in and "Restart" in hand_in
     assert "Copy of ex2_loss_scaling.ipynb" in hand_in and "name does not matter" in hand_in
+
+
+def test_the_students_page_says_the_hidden_tests_try_more_bad_inputs():
+    assert "bad inputs" in PAGE and "grading.summary()" in PAGE
