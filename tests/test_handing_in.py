@@ -1,5 +1,6 @@
 """Handing in: a submission folder's single notebook is graded whatever its name (Colab's "Save a
-copy" gives `Copy of <assignment>.ipynb`), and the report says which file it took."""
+copy" gives `Copy of <assignment>.ipynb`), and the report says which file it took; a notebook whose
+cells lost their nbgrader metadata is recovered from the cells' ids, or named in the report."""
 import json
 import sys
 import warnings
@@ -69,12 +70,36 @@ def test_colabs_copy_of_a_notebook_is_graded_and_the_report_says_so(tmp_path):
     folder = course / "submitted" / "two_copies" / ASSIGNMENT
     (folder / f"{ASSIGNMENT}.ipynb").rename(folder / f"Copy of {ASSIGNMENT}.ipynb")
     (folder / "draft.ipynb").write_text((folder / f"Copy of {ASSIGNMENT}.ipynb").read_text())
+    for student, keep_ids in (("stripped", True), ("stripped_and_renumbered", False)):
+        autograde.write_submission(course, ASSIGNMENT, student, full)
+        path = course / "submitted" / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+        nb = json.loads(path.read_text())
+        for i, cell in enumerate(nb["cells"]):  # what an editor that drops unknown metadata leaves
+            cell["metadata"].pop("nbgrader", None)
+            cell["id"] = cell["id"] if keep_ids else f"{i:08x}"
+        path.write_text(json.dumps(nb))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         report = grader.grade(course, ASSIGNMENT, execute=False, timeout=60, workers=1)
+    # Cells that lost their nbgrader metadata: recovered from their ids, or named, never a silent 0
+    assert report.scores["stripped"] == autograde.test_points(ASSIGNMENT)
+    assert "recovered from the cells' ids" in report.notes["stripped"]
+    assert "nbgrader metadata" in report.not_graded["stripped_and_renumbered"]
     points = autograde.test_points(ASSIGNMENT)
     assert report.scores["colab"] == points
     assert f"Copy of {ASSIGNMENT}.ipynb" in report.notes["colab"]
     assert "colab" not in report.not_graded
     assert "2 notebooks" in report.not_graded["two_copies"]
     assert sum(report.scores["two_copies"].values()) == 0
+
+
+def test_metadata_is_recovered_from_cell_ids_only_where_it_was_lost():
+    release = grader.read_notebook(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    stripped = json.loads(json.dumps(release))
+    for cell in stripped["cells"][:len(stripped["cells"]) // 2]:
+        cell["metadata"].pop("nbgrader", None)
+    nb, count = grader.recovered(stripped, release)
+    lost = sum(1 for c in release["cells"][:len(release["cells"]) // 2] if grader.grade_id(c))
+    assert count == lost > 0
+    assert [grader.grade_id(c) for c in nb["cells"]] == [grader.grade_id(c) for c in release["cells"]]
+    assert grader.recovered(release, release)[1] == 0

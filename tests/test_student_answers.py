@@ -115,3 +115,18 @@ def test_ex2_part1_accepts_a_float32_mean_and_still_rejects_one_element_counted_
                                 "else survived.double().mean().item()")
     verdicts, _ = run("ex2_loss_scaling", {"p1_solution": one_more}, only="p1")
     assert not verdicts["p1_tests"]["passed"] and "fp16_survivors of 20000" in verdicts["p1_tests"]["message"]
+
+
+def test_honest_notebook_habits_in_an_answer_cell_keep_their_points():
+    solution = autograde.solution_cells("ex2_loss_scaling")["p1_solution"]
+    habits = solution + ("\n\ntorch.nextafter?\n?torch.finfo\ntorch.float16??  # the docs\n"
+                         "display(fp16_survivors(torch.ones(3)))\n"
+                         "from IPython.display import display as show\nshow('done')\n"
+                         "answer = input('Ready? ')\n%time fp16_survivors(torch.ones(3))\n")
+    verdicts, _ = run("ex2_loss_scaling", {"p1_solution": habits}, only="p1")
+    assert verdicts["p1_tests"]["passed"], verdicts["p1_tests"]
+
+
+def test_help_lines_are_comments_and_a_question_mark_elsewhere_is_not_touched():
+    assert grader.without_magics("torch.nextafter?\n  ?np.log\nx = '?'\ny = a if b else c") == (
+        "# (not run by the grader) torch.nextafter?\n# (not run by the grader)   ?np.log\nx = '?'\ny = a if b else c")

@@ -115,9 +115,14 @@ def source_text(cell: dict) -> str:
     return "".join(source) if isinstance(source, list) else str(source)
 
 
+# An IPython help line: `torch.nextafter?`, `?torch.nextafter`, `torch.nextafter??`.
+HELP_LINE = re.compile(r"^\s*(\?{1,2}[\w.]+|[\w.]+\?{1,2})\s*(#.*)?$")
+
+
 def without_magics(source: str) -> str:
-    """A cell as plain Python: IPython's %magics and !shell lines become comments."""
-    return "\n".join(f"# (not run by the grader) {line}" if line.lstrip().startswith(("%", "!")) else line
+    """A cell as plain Python: IPython's %magics, !shell and help (`name?`) lines become comments."""
+    return "\n".join(f"# (not run by the grader) {line}"
+                     if line.lstrip().startswith(("%", "!")) or HELP_LINE.match(line) else line
                      for line in source.split("\n"))
 
 
@@ -270,6 +275,23 @@ def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int) -
                       "cells": [[g, src] for g, src in answers if part_of(g) in needed],
                       "test": source_text(cells[test])})
     return {"secret": secret, "timeout": timeout, "setup": source_text(cells["setup"]), "parts": parts}
+
+
+def recovered(submission: dict, release: dict) -> tuple[dict, int]:
+    """The submission with the nbgrader metadata of each released cell put back on the cell that
+    kept its id but lost the metadata (some editors strip it), and how many cells got it back."""
+    nb = copy.deepcopy(submission)
+    released = {c.get("id"): c for c in release["cells"] if grade_id(c) and isinstance(c.get("id"), str)}
+    present = {grade_id(c) for c in nb["cells"]}
+    count = 0
+    for cell in nb["cells"]:
+        source = released.get(cell.get("id")) if isinstance(cell.get("id"), str) else None
+        if source is not None and grade_id(cell) is None and grade_id(source) not in present:
+            metadata = cell.get("metadata") if isinstance(cell.get("metadata"), dict) else {}
+            cell["metadata"] = {**metadata, "nbgrader": copy.deepcopy(source["metadata"]["nbgrader"])}
+            present.add(grade_id(source))
+            count += 1
+    return nb, count
 
 
 def normalised(submission: dict, release: dict) -> dict:
@@ -466,6 +488,14 @@ def grade_student(course, assignment, student, template, source, release, secret
         renamed = renamed_note(submitted_name(course, student, assignment), assignment)
     except (OSError, ValueError) as error:
         return None, None, f"the submission could not be read: {error}", None, None
+    submission, restored = recovered(submission, release)
+    answers = {grade_id(c) for c in release["cells"] if (c["metadata"].get("nbgrader") or {}).get("solution")}
+    if not answers & {grade_id(c) for c in submission["cells"]}:
+        return None, submission, ("no answer cell of the notebook carries the exercise's nbgrader metadata "
+                                  "(an editor removed it, and the cells' ids too): grade it by hand"), renamed, None
+    if restored:
+        renamed = "; ".join(filter(None, [renamed, f"{restored} cells had lost their nbgrader metadata: "
+                                                   "recovered from the cells' ids"]))
     flags = review_flags(submission)
     with tempfile.TemporaryDirectory(prefix=f"grading-{assignment}-") as scratch:
         ran, note = submission, renamed

@@ -43,6 +43,11 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"[:2000] if text else type(error).__name__
 
 
+# What a notebook gives an answer cell that plain Python does not: display(...) shows (here: to
+# nowhere), input() waits for an answer (here: an empty one, as if the student pressed Enter).
+NOTEBOOK_HABITS = {"display": lambda *objects, **options: None, "input": lambda prompt="": ""}
+
+
 def run_part(job: dict, part: dict, verdict_fd: int) -> None:
     """In the child: run the answer cells and the part's tests, write the verdict, exit."""
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -54,6 +59,7 @@ def run_part(job: dict, part: dict, verdict_fd: int) -> None:
         exec(compile(job["setup"], "<set-up cell>", "exec"), tests)
         answers = {"__name__": "__main__"}
         exec(compile(job["setup"], "<set-up cell>", "exec"), answers)
+        answers.update(NOTEBOOK_HABITS)
         for cell_id, source in part["cells"]:
             try:
                 exec(compile(source, f"<your cell {cell_id}>", "exec"), answers)
