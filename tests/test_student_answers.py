@@ -130,3 +130,48 @@ def test_honest_notebook_habits_in_an_answer_cell_keep_their_points():
 def test_help_lines_are_comments_and_a_question_mark_elsewhere_is_not_touched():
     assert grader.without_magics("torch.nextafter?\n  ?np.log\nx = '?'\ny = a if b else c") == (
         "# (not run by the grader) torch.nextafter?\n# (not run by the grader)   ?np.log\nx = '?'\ny = a if b else c")
+
+
+def run_job(setup: str, cells: list[list[str]], test: str, names: list[str]) -> dict:
+    job = {"secret": SECRET, "timeout": 60, "setup": setup,
+           "parts": [{"test_id": "p2_tests", "cells": cells, "names": names, "test": test}]}
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "hidden_tests.py"), "-"], input=json.dumps(job),
+                            capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    return json.loads(result.stdout.strip().rsplit("\n", 1)[-1].removeprefix("RESULT "))["p2_tests"]
+
+
+SETUP = "import torch\nimport numpy as np\ntorch.manual_seed(0)\nnp.random.seed(0)\n"
+
+
+def test_the_tests_draw_the_same_random_numbers_whatever_the_answer_cells_drew():
+    expected = torch_first_draws()
+    test = f"assert torch.rand(3).tolist() == {expected[0]!r}\nassert np.random.rand(2).tolist() == {expected[1]!r}\n"
+    quiet = "def f():\n    return 1\n"
+    busy = quiet + "torch.rand(1000)\nnp.random.rand(7)\ntorch.manual_seed(123)\n"
+    assert run_job(SETUP, [["p2_solution", quiet]], test, ["f"])["passed"]
+    assert run_job(SETUP, [["p2_solution", busy]], test, ["f"])["passed"]
+
+
+def torch_first_draws():
+    import numpy as np
+    import torch
+    torch.manual_seed(0)
+    np.random.seed(0)
+    return torch.rand(3).tolist(), np.random.rand(2).tolist()
+
+
+def test_a_try_out_line_that_fails_outside_the_notebook_does_not_cost_a_later_part():
+    earlier = "def save(run, path):\n    return path\n\nsave(run, 'x.pt')  # `run` came from a cell of the notebook\n"
+    mine = "def load(path):\n    return path\n"
+    test = "assert load(save(None, 'y')) == 'y'\n"
+    verdict = run_job(SETUP, [["p1_solution", earlier], ["p2_solution", mine]], test, ["save", "load"])
+    assert verdict["passed"], verdict
+    # When the tests fail, the message says where the answer cell stopped
+    verdict = run_job(SETUP, [["p1_solution", "print(run)\n"], ["p2_solution", mine]], test, ["save", "load"])
+    assert not verdict["passed"]
+    assert verdict["message"].startswith("your cell p1_solution stopped with NameError: name 'run' is not defined")
+    assert "name 'save' is not defined" in verdict["message"]
+    # Exiting is no try-out: the part fails
+    verdict = run_job(SETUP, [["p1_solution", earlier.replace("save(run, 'x.pt')", "raise SystemExit")],
+                              ["p2_solution", mine]], test, ["save", "load"])
+    assert not verdict["passed"]
