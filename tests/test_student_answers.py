@@ -5,6 +5,7 @@ import ast
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ def run(assignment: str, answers: dict[str, str] | None = None, visible: bool = 
         for part in job["parts"]:
             part["test"] = tests[part["test_id"]]
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "hidden_tests.py"), "-"], input=json.dumps(job),
-                            capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                            capture_output=True, text=True, cwd=tempfile.gettempdir(), env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     line = result.stdout.strip().rsplit("\n", 1)[-1]
     assert line.startswith("RESULT "), result.stderr[-2000:]
     return json.loads(line.removeprefix("RESULT ")), source
@@ -136,7 +137,7 @@ def run_job(setup: str, cells: list[list[str]], test: str, names: list[str]) -> 
     job = {"secret": SECRET, "timeout": 60, "setup": setup,
            "parts": [{"test_id": "p2_tests", "cells": cells, "names": names, "test": test}]}
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "hidden_tests.py"), "-"], input=json.dumps(job),
-                            capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                            capture_output=True, text=True, cwd=tempfile.gettempdir(), env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     return json.loads(result.stdout.strip().rsplit("\n", 1)[-1].removeprefix("RESULT "))["p2_tests"]
 
 
