@@ -1,12 +1,13 @@
 # Two commands do everything on a fresh Linux machine (see README.md):
 #   make book   -> set up .venv/, build the HTML book with every notebook executed on CPU
 #   make test   -> set up .venv/, run the library tests and every book notebook under nbval
+#   make student -> a light .venv-student/ (mpcourse + JupyterLab) for students, and JupyterLab
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test test-gpu gpu-kit gpu-rehearsal venv exercises grade-demo check-exhaustive bench pretrained sync-notebooks release clean
+.PHONY: student book test test-gpu gpu-kit gpu-rehearsal venv exercises grade-demo check-exhaustive bench pretrained sync-notebooks release clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,6 +16,20 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $@
 
 venv: $(STAMP)
+
+# Students (book/how_to_use_students.md): only the course library and JupyterLab, in a venv of
+# their own (no book builder, grader or linters), then JupyterLab in the repository's folder, where
+# both book/ and exercises/ are visible.
+STUDENT_VENV  := .venv-student
+STUDENT_STAMP := $(STUDENT_VENV)/.installed
+$(STUDENT_STAMP): pyproject.toml
+	test -x $(STUDENT_VENV)/bin/python || $(PYTHON) -m venv $(STUDENT_VENV)
+	$(STUDENT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(STUDENT_VENV)/bin/python -m pip install --quiet -e . jupyterlab
+	touch $@
+
+student: $(STUDENT_STAMP)
+	$(STUDENT_VENV)/bin/jupyter lab --notebook-dir=.
 
 # -W: Sphinx warnings are errors; -n: nitpicky cross-references. Notebooks execute during the
 # build (book/_config.yml: execute_notebooks: force), offline, on whatever device is present.

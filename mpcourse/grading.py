@@ -11,7 +11,9 @@ Every graded test cell of an exercise notebook has the same shape::
 
 nbgrader gives a test cell its points when it runs without an error, so the asserts do the
 grading. Run top to bottom, on Colab or anywhere else, the same cells tell a student which parts
-already pass, with no Jupyter extension. `summary()` prints the parts checked so far.
+already pass, with no Jupyter extension. `summary()` prints the parts checked so far, and says that
+the hidden tests also try other and bad inputs. `raises(TypeError, f, x)` checks a bad input and
+says, when it fails, the real call, what it did and the exception expected.
 
 Two guard rails keep the grade honest:
 
@@ -138,11 +140,14 @@ def passed(part: str) -> None:
 
 
 def summary() -> None:
-    """Print the parts whose test cells have passed in this session."""
+    """Print the parts whose test cells have passed in this session, and what grading adds."""
     if not _parts_passed:
         print("No part has passed its tests yet: run the test cell after each part.")
     for part in _parts_passed:
         print(f"\N{CHECK MARK} {part}")
+    print("When your work is graded, each part's test cell also runs hidden tests: other inputs, edge "
+          "cases and bad inputs (a part passes only if your code raises the error its task asks for, "
+          "for every bad input). A tick here means the visible tests pass, not that the part will.")
 
 
 def _is_forbidden(name) -> bool:
@@ -235,6 +240,56 @@ def own_work(function, *args, **kwargs):
     return result
 
 
+def _shown(value, width: int = 60) -> str:
+    """A short, faithful rendering of an argument or a result in a message: torch.float32 as
+    `torch.float32`, a string with its quotes, a large tensor by its shape and dtype."""
+    if isinstance(value, torch.Tensor) and value.numel() > 8:
+        text = f"<tensor of shape {tuple(value.shape)}, {value.dtype}>"
+    elif isinstance(value, type):  # np.float32: a type, not a torch.dtype
+        text = f"{value.__module__}.{value.__qualname__}".replace("builtins.", "")
+    elif isinstance(value, (torch.Tensor, torch.dtype, bool, int, float, complex, str, bytes, type(None),
+                            tuple, list, dict, np.generic, np.ndarray)):
+        text = repr(value)
+    else:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= width else text[:width - 5] + " ...>"
+
+
+def call_text(function, *args, **kwargs) -> str:
+    """`name(arg, ..., key=value)` as the call was made, for a message."""
+    name = getattr(function, "__name__", "your function")
+    shown = [_shown(a) for a in args] + [f"{k}={_shown(v)}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(shown)})"
+
+
+def raises(expected, function, *args, **kwargs) -> None:
+    """Assert that `function(*args, **kwargs)` raises `expected` (an exception class or a tuple of
+    them), with a message that shows the real call, what it did instead and what was expected."""
+    call = call_text(function, *args, **kwargs)
+    wanted = " or ".join(e.__name__ for e in (expected if isinstance(expected, tuple) else (expected,)))
+    try:
+        result = function(*args, **kwargs)
+    except expected:
+        return
+    except Exception as error:  # noqa: BLE001  the wrong exception: say which, and which was expected
+        try:
+            text = BaseException.__str__(error)[:200]
+        except Exception:  # noqa: BLE001
+            text = ""
+        raise AssertionError(f"{call} raised {type(error).__name__}{': ' + text if text else ''}; "
+                             f"expected {wanted} for this bad input") from None
+    raise AssertionError(f"{call} returned {_shown(result)}; expected it to raise {wanted} for this bad input")
+
+
+def _differ(expected: float, actual: float) -> tuple[str, str]:
+    """Both numbers with enough digits to tell them apart (6, or all 17 when 6 look the same)."""
+    for digits in (6, 17):
+        shown = f"{expected:.{digits}g}", f"{actual:.{digits}g}"
+        if shown[0] != shown[1]:
+            break
+    return shown
+
+
 def assert_close(actual, expected, *, rtol: float = 1e-6, atol: float = 0.0, what: str = "result"):
     """Assert `actual` equals `expected` within `atol + rtol*|expected|`, with a message that
     names what differs (type, shape, NaN/inf pattern or the largest difference)."""
@@ -258,13 +313,13 @@ def assert_close(actual, expected, *, rtol: float = 1e-6, atol: float = 0.0, wha
     allowed = atol + rtol * np.abs(expected[finite])
     if difference.size and not np.all(difference <= allowed):
         worst = int(np.argmax(difference - allowed))
+        shown_expected, shown_actual = _differ(expected[finite][worst], actual[finite][worst])
         raise AssertionError(
             f"{what} differs from the expected value by up to {difference[worst]:.3g} "
-            f"(expected {expected[finite][worst]:.6g}, got {actual[finite][worst]:.6g}; "
-            f"allowed {allowed[worst]:.3g})")
+            f"(expected {shown_expected}, got {shown_actual}; allowed {allowed[worst]:.3g})")
 
 
 # This module's own functions, as defined: a test cell also fails if one of them was replaced.
 _OWN_FUNCTIONS = {name: globals()[name] for name in
-                  ["start", "passed", "summary", "own_work", "assert_close", "_check_untampered",
-                   "_is_genuine", "_is_original", "_check_exact_types", "_watch_calls_into", "seed"]}
+                  ["start", "passed", "summary", "own_work", "assert_close", "raises", "call_text", "_shown",
+                   "_differ", "_check_untampered", "_is_genuine", "_is_original", "_check_exact_types", "_watch_calls_into", "seed"]}

@@ -51,7 +51,7 @@ def _stage_book(stage: Path) -> Path:
     shutil.rmtree(stage, ignore_errors=True)
     (stage / "book").mkdir(parents=True)
     for entry in ROOT.iterdir():
-        if entry.name not in (".git", ".venv", "_build", "book"):
+        if entry.name not in (".git", ".venv", ".venv-student", "_build", "book"):
             (stage / entry.name).symlink_to(entry)
     for entry in (ROOT / "book").iterdir():
         if (executed / entry.name).is_file() and entry.suffix == ".ipynb":

@@ -72,6 +72,7 @@ def test_start_and_passed_accept_an_untouched_session(capsys):
     (torch.Tensor, "__eq__", lambda self, other: True),
     (grading, "assert_close", lambda *a, **k: None),
     (grading, "own_work", lambda f, *a, **k: f(*a, **k)),
+    (grading, "raises", lambda *a, **k: None),
 ])
 def test_start_refuses_a_session_where_a_function_the_tests_use_was_replaced(monkeypatch, owner, name, fake):
     monkeypatch.setattr(owner, name, fake)
@@ -167,3 +168,48 @@ def test_seed_is_the_written_seed_in_a_notebook_and_secret_when_graded(monkeypat
     assert drawn != 11 and drawn == grading.seed(11) and 0 <= drawn < 2**31
     monkeypatch.setattr(grading, "_secret", "another secret")
     assert grading.seed(11) != drawn
+
+
+def matmul_cost(m, n, k, dtype):
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError("dtype must be a torch.dtype")
+    return 2 * m * n * k, (m * k + k * n + m * n) * dtype.itemsize
+
+
+def test_raises_accepts_the_expected_exception_and_shows_the_real_call_otherwise():
+    grading.raises(TypeError, matmul_cost, 4, 4, 4, "float32")
+    grading.raises((ValueError, TypeError), matmul_cost, 4, 4, 4, "float32")
+    # Nothing raised: the call as made (torch.float32, not 'float32'), what came back, what was expected
+    with pytest.raises(AssertionError) as caught:
+        grading.raises(ValueError, matmul_cost, 0, 4, 4, torch.float32)
+    assert str(caught.value) == ("matmul_cost(0, 4, 4, torch.float32) returned (0, 64); "
+                                 "expected it to raise ValueError for this bad input")
+    # The wrong exception (a bare AttributeError for a non-module): named, and the expected one too
+    def first_nonfinite(model, *inputs):
+        return model.named_modules()
+    with pytest.raises(AssertionError) as caught:
+        grading.raises(TypeError, first_nonfinite, "model", torch.ones(2))
+    assert str(caught.value) == ("first_nonfinite('model', tensor([1., 1.])) raised AttributeError: 'str' object "
+                                 "has no attribute 'named_modules'; expected TypeError for this bad input")
+    with pytest.raises(AssertionError, match=r"\(<tensor of shape \(100,\), torch.float32>, scale=2.0\) returned 0.5"):
+        grading.raises(ValueError, lambda x, scale: 0.5, torch.zeros(100), scale=2.0)
+
+    def unchecked_cost(m, n, k, dtype):
+        return dtype.is_floating_point
+    with pytest.raises(AssertionError, match=r"^unchecked_cost\(4, 4, 4, numpy.float32\) raised AttributeError: "):
+        grading.raises(TypeError, unchecked_cost, 4, 4, 4, np.float32)
+
+
+def test_assert_close_prints_enough_digits_to_see_the_difference():
+    with pytest.raises(AssertionError) as caught:
+        grading.assert_close(0.68449997901916504, 0.6845, rtol=1e-12)
+    expected, got = str(caught.value).split("(expected ")[1].split(";")[0].split(", got ")
+    assert expected != got and float(expected) == 0.6845 and float(got) == 0.68449997901916504
+    with pytest.raises(AssertionError, match=r"expected 2, got 2.5;"):
+        grading.assert_close(2.5, 2.0)
+
+
+def test_summary_says_that_the_hidden_tests_also_try_other_and_bad_inputs(capsys):
+    grading.summary()
+    out = capsys.readouterr().out
+    assert "hidden tests" in out and "bad inputs" in out and "other inputs" in out

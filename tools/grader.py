@@ -63,7 +63,7 @@ class Report:
     scores: dict = field(default_factory=dict)      # student -> {test cell: points}
     messages: dict = field(default_factory=dict)    # student -> {test cell: failure message}
     not_graded: dict = field(default_factory=dict)  # student -> why no hidden-test result (0 recorded)
-    notes: dict = field(default_factory=dict)       # student -> what else went wrong (feedback run)
+    notes: dict = field(default_factory=dict)       # student -> what else to know (a renamed notebook, the feedback run)
     flags: dict = field(default_factory=dict)       # student -> {part: [why to read that answer]}
     seconds: dict = field(default_factory=dict)     # student -> wall-clock seconds of their grading
 
@@ -145,9 +145,14 @@ def source_text(cell: dict) -> str:
     return "".join(source) if isinstance(source, list) else str(source)
 
 
+# An IPython help line: `torch.nextafter?`, `?torch.nextafter`, `torch.nextafter??`.
+HELP_LINE = re.compile(r"^\s*(\?{1,2}[\w.]+|[\w.]+\?{1,2})\s*(#.*)?$")
+
+
 def without_magics(source: str) -> str:
-    """A cell as plain Python: IPython's %magics and !shell lines become comments."""
-    return "\n".join(f"# (not run by the grader) {line}" if line.lstrip().startswith(("%", "!")) else line
+    """A cell as plain Python: IPython's %magics, !shell and help (`name?`) lines become comments."""
+    return "\n".join(f"# (not run by the grader) {line}"
+                     if line.lstrip().startswith(("%", "!")) or HELP_LINE.match(line) else line
                      for line in source.split("\n"))
 
 
@@ -207,17 +212,44 @@ def read_notebook(path: Path) -> dict:
     return parse_notebook(path.read_bytes())
 
 
+def submitted_name(course: Path, student: str, assignment: str) -> str:
+    """The file of the submission that is graded: `<assignment>.ipynb` if there is one, else the
+    folder's single notebook whatever its name (Colab's "Save a copy" gives `Copy of
+    <assignment>.ipynb`; a download may add ` (1)`). Hidden files are not notebooks; two or more
+    notebooks, none with the assignment's name, or none at all, are refused with the reason."""
+    folder = course / "submitted" / student / assignment
+    expected = f"{assignment}.ipynb"
+    if os.path.lexists(folder / expected):
+        return expected
+    found = sorted(entry.name for entry in folder.iterdir()
+                   if entry.name.endswith(".ipynb") and not entry.name.startswith("."))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise ValueError(f"the submission holds no notebook (.ipynb file): hand in {expected}")
+    raise ValueError(f"the submission holds {len(found)} notebooks ({', '.join(found[:5])}) and none is "
+                     f"named {expected}: hand in one notebook")
+
+
+def renamed_note(name: str, assignment: str) -> str | None:
+    """What the report says when the graded notebook is not named `<assignment>.ipynb`."""
+    if name == f"{assignment}.ipynb":
+        return None
+    return f"graded {name!r}, the submission's only notebook (not named {assignment}.ipynb)"
+
+
 def read_submission(course: Path, student: str, assignment: str) -> dict:
-    """The submitted notebook, read without following a symbolic link: refused if it is one, or
-    a folder on its way is one, or its folder holds one (a link would make the grader read, and
-    show in the feedback, whatever it points to)."""
+    """The submitted notebook (`submitted_name`), read without following a symbolic link: refused
+    if it is one, or a folder on its way is one, or its folder holds one (a link would make the
+    grader read, and show in the feedback, whatever it points to)."""
     folder = course / "submitted"
     for name in (student, assignment):
         folder = folder / name
         if folder.is_symlink():
             raise ValueError(f"submitted/{folder.relative_to(course / 'submitted')} is a symbolic link, "
                              "not a folder: hand in the notebook itself")
-    if (folder / f"{assignment}.ipynb").is_symlink():
+    notebook = folder / submitted_name(course, student, assignment)
+    if notebook.is_symlink():
         raise ValueError("the submitted notebook is a symbolic link: hand in the notebook itself")
     for where, folders, files in os.walk(folder):
         for name in folders + files:
@@ -225,7 +257,7 @@ def read_submission(course: Path, student: str, assignment: str) -> dict:
                 raise ValueError(f"the submission contains a symbolic link ({name}): "
                                  "hand in the notebook itself, no links")
     try:
-        fd = os.open(folder / f"{assignment}.ipynb", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(notebook, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as error:
         if error.errno == 40:  # ELOOP: the notebook itself is a link
             raise ValueError("the submitted notebook is a symbolic link: hand in the notebook itself") from None
@@ -273,6 +305,23 @@ def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int) -
                       "cells": [[g, src] for g, src in answers if part_of(g) in needed],
                       "test": source_text(cells[test])})
     return {"secret": secret, "timeout": timeout, "setup": source_text(cells["setup"]), "parts": parts}
+
+
+def recovered(submission: dict, release: dict) -> tuple[dict, int]:
+    """The submission with the nbgrader metadata of each released cell put back on the cell that
+    kept its id but lost the metadata (some editors strip it), and how many cells got it back."""
+    nb = copy.deepcopy(submission)
+    released = {c.get("id"): c for c in release["cells"] if grade_id(c) and isinstance(c.get("id"), str)}
+    present = {grade_id(c) for c in nb["cells"]}
+    count = 0
+    for cell in nb["cells"]:
+        source = released.get(cell.get("id")) if isinstance(cell.get("id"), str) else None
+        if source is not None and grade_id(cell) is None and grade_id(source) not in present:
+            metadata = cell.get("metadata") if isinstance(cell.get("metadata"), dict) else {}
+            cell["metadata"] = {**metadata, "nbgrader": copy.deepcopy(source["metadata"]["nbgrader"])}
+            present.add(grade_id(source))
+            count += 1
+    return nb, count
 
 
 def normalised(submission: dict, release: dict) -> dict:
@@ -468,11 +517,20 @@ def grade_student(course, assignment, student, template, source, release, secret
     student. The notebook as run comes from the sandbox: data to sanitise, nothing to trust."""
     try:
         submission = read_submission(course, student, assignment)
+        renamed = renamed_note(submitted_name(course, student, assignment), assignment)
     except (OSError, ValueError) as error:
         return None, None, f"the submission could not be read: {error}", None, None
+    submission, restored = recovered(submission, release)
+    answers = {grade_id(c) for c in release["cells"] if (c["metadata"].get("nbgrader") or {}).get("solution")}
+    if not answers & {grade_id(c) for c in submission["cells"]}:
+        return None, submission, ("no answer cell of the notebook carries the exercise's nbgrader metadata "
+                                  "(an editor removed it, and the cells' ids too): grade it by hand"), renamed, None
+    if restored:
+        renamed = "; ".join(filter(None, [renamed, f"{restored} cells had lost their nbgrader metadata: "
+                                                   "recovered from the cells' ids"]))
     flags = review_flags(submission)
     with tempfile.TemporaryDirectory(prefix=f"grading-{assignment}-") as scratch:
-        ran, note = submission, None
+        ran, note = submission, renamed
         if execute:
             folder = Path(scratch) / "feedback"
             folder.mkdir()
@@ -485,7 +543,7 @@ def grade_student(course, assignment, student, template, source, release, secret
             except ValueError:
                 why = (f"ran past the {feedback_seconds(timeout)} s allowed for the whole notebook" if run.killed == "time"
                        else f"used more than its CPU time" if run.killed else f"failed ({run.stderr[-300:]})")
-                note = f"its notebook run {why}; the feedback shows it as submitted"
+                note = "; ".join(filter(None, [renamed, f"its notebook run {why}; the feedback shows it as submitted"]))
         folder = Path(scratch) / "hidden"
         folder.mkdir()
         shutil.copy(TOOLS / "hidden_tests.py", folder / "hidden_tests.py")

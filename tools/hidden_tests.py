@@ -9,6 +9,11 @@ For each part it forks a child (numpy, torch and the checker are imported before
 and before the fork). The child runs the set-up cell twice, into two namespaces: the student's
 answer cells run in one, the test cell in the other, which receives only the names the exercise
 asks for (`names`), so nothing an answer cell rebinds (`grading`, `torch`, ...) reaches the tests.
+The answer cells run as the notebook ran them: help lines (`name?`) are comments (tools/grader.py),
+`display` and `input` exist, and an answer cell that raises (a try-out line that used something
+of the notebook's outside the answer cells) does not stop the part: what it defined is tested,
+and the failure message names the cell. The tests' random generators start as the set-up cell
+left them, whatever the answer cells drew.
 The child's output goes nowhere; its verdict comes back on a pipe, and a child that hangs, ignores
 signals or exits is killed or ignored after `timeout` seconds and fails that part alone.
 
@@ -43,27 +48,51 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"[:2000] if text else type(error).__name__
 
 
+# What a notebook gives an answer cell that plain Python does not: display(...) shows (here: to
+# nowhere), input() waits for an answer (here: an empty one, as if the student pressed Enter).
+NOTEBOOK_HABITS = {"display": lambda *objects, **options: None, "input": lambda prompt="": ""}
+
+
+def rng_state() -> tuple:
+    import random
+    return (random.getstate(), numpy.random.get_state(), torch.get_rng_state(),
+            torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+
+
+def set_rng_state(state: tuple) -> None:
+    import random
+    random.setstate(state[0])
+    numpy.random.set_state(state[1])
+    torch.set_rng_state(state[2])
+    if state[3] is not None:
+        torch.cuda.set_rng_state_all(state[3])
+
+
 def run_part(job: dict, part: dict, verdict_fd: int) -> None:
     """In the child: run the answer cells and the part's tests, write the verdict, exit."""
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     grading._secret = job["secret"]
+    stopped = []  # answer cells that raised: a try-out line may need what the notebook had around it
     try:
         tests = {"__name__": "__main__"}
         exec(compile(job["setup"], "<set-up cell>", "exec"), tests)
         answers = {"__name__": "__main__"}
         exec(compile(job["setup"], "<set-up cell>", "exec"), answers)
+        answers.update(NOTEBOOK_HABITS)
+        random_state = rng_state()  # as the set-up cell left it
         for cell_id, source in part["cells"]:
             try:
                 exec(compile(source, f"<your cell {cell_id}>", "exec"), answers)
-            except BaseException as error:  # noqa: BLE001
-                raise AssertionError(f"your cell {cell_id} failed: {describe(error)}") from None
+            except Exception as error:  # noqa: BLE001  what it defined before the error is still tested
+                stopped.append(f"your cell {cell_id} stopped with {describe(error)}")
         tests.update({name: answers[name] for name in part["names"] if name in answers})
+        set_rng_state(random_state)  # the tests draw the same numbers whatever the answers drew
         exec(compile(part["test"], f"<tests of {part['test_id']}>", "exec"), tests)
         verdict = {"passed": True, "message": ""}
     except BaseException as error:  # noqa: BLE001
-        verdict = {"passed": False, "message": describe(error)}
+        verdict = {"passed": False, "message": "; then ".join(stopped + [describe(error)])}
     os.write(verdict_fd, json.dumps(verdict).encode())
     os._exit(0)
 

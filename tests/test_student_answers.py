@@ -1,0 +1,178 @@
+"""Students' answers through the hidden-test runner (tools/hidden_tests.py, run here without a
+sandbox: these answers are ours): the visible tests try the bad inputs the hidden tests grade, a
+failure message shows the real call and the exception expected, and a tolerance fits the task."""
+import ast
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import autograde  # noqa: E402
+import grader  # noqa: E402
+
+SECRET = "a-test-secret"
+
+
+def unchecked(source: str) -> str:
+    """An answer that computes right but checks no input: every `if ...: raise ...` removed (and a
+    loop left empty by that)."""
+    class Strip(ast.NodeTransformer):
+        def generic_visit(self, node):
+            super().generic_visit(node)
+            for name in ("body", "orelse"):
+                block = getattr(node, name, None)
+                if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                    kept = [s for s in block if not (isinstance(s, ast.If) and not s.orelse
+                                                     and all(isinstance(b, ast.Raise) for b in s.body))]
+                    kept = [s for s in kept if not (isinstance(s, ast.For) and not s.body)]
+                    setattr(node, name, kept or [ast.Pass()])
+            return node
+    return ast.unparse(Strip().visit(ast.parse(source)))
+
+
+def run(assignment: str, answers: dict[str, str] | None = None, visible: bool = False,
+        only: str | None = None) -> tuple[dict, dict]:
+    """Verdicts of every part (or part `only`) for the instructor's solutions with `answers` in their
+    place, under the hidden tests (or the visible tests only, as the student's notebook runs them);
+    and the source."""
+    source = grader.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    release = grader.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
+    cells = {**autograde.solution_cells(assignment), **(answers or {})}
+    submission = {**release, "cells": [{**c, "source": cells.get(grader.grade_id(c), c["source"])}
+                                       for c in release["cells"]]}
+    job = grader.hidden_test_job(source, submission, SECRET, 120)
+    job["parts"] = [p for p in job["parts"] if only in (None, autograde.part_of(p["test_id"]))]
+    if visible:
+        tests = {grader.grade_id(c): grader.source_text(c) for c in release["cells"] if grader.grade_id(c)}
+        for part in job["parts"]:
+            part["test"] = tests[part["test_id"]]
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "hidden_tests.py"), "-"], input=json.dumps(job),
+                            capture_output=True, text=True, cwd=tempfile.gettempdir(), env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    line = result.stdout.strip().rsplit("\n", 1)[-1]
+    assert line.startswith("RESULT "), result.stderr[-2000:]
+    return json.loads(line.removeprefix("RESULT ")), source
+
+
+# Every part whose task asks for errors on bad input (ex7's parts 2 and 3 ask for none).
+CHECKED_PARTS = [("ex2_loss_scaling", p) for p in ("p1", "p2", "p3", "p4")] + [
+    ("ex5_mixed_precision_speedup", p) for p in ("p1", "p2", "p3", "p4")] + [
+    ("ex7_fp16_nan_hunt", p) for p in ("p1", "p4")]
+
+
+@pytest.mark.parametrize("assignment, part", CHECKED_PARTS)
+def test_an_answer_that_checks_no_input_fails_the_visible_tests_and_says_why(assignment, part):
+    answers = {gid: unchecked(src) for gid, src in autograde.solution_cells(assignment).items()
+               if autograde.part_of(gid) == part}
+    assert any("raise" in src for src in autograde.solution_cells(assignment).values())
+    verdicts, _ = run(assignment, answers, visible=True, only=part)
+    verdict = verdicts[f"{part}_tests"]
+    assert not verdict["passed"], f"{assignment} {part}: the visible tests try no bad input"
+    assert "for this bad input" in verdict["message"] and "expected" in verdict["message"], verdict
+
+
+@pytest.mark.parametrize("assignment", sorted({a for a, _ in CHECKED_PARTS}))
+def test_the_instructors_solutions_pass_the_visible_bad_input_checks(assignment):
+    verdicts, _ = run(assignment, visible=True)  # (the hidden tests: tests/test_exercises.py, full marks)
+    assert all(v["passed"] for v in verdicts.values()), verdicts
+
+
+def test_ex7_a_non_module_says_a_type_error_was_expected_not_only_what_went_wrong():
+    answers = {gid: unchecked(src) for gid, src in autograde.solution_cells("ex7_fp16_nan_hunt").items()
+               if autograde.part_of(gid) == "p1"}
+    verdicts, source = run("ex7_fp16_nan_hunt", answers, only="p1")
+    message = verdicts["p1_tests"]["message"]
+    assert "first_nonfinite(" in message and "raised AttributeError" in message and "expected TypeError" in message
+    shown = grader.safe_message(message, secrets=[SECRET], hidden_lines=grader.hidden_test_lines(source))
+    assert shown == message.removeprefix("AssertionError: ") or shown == message  # not withheld, not cut
+
+
+def test_ex5_matmul_cost_shows_the_real_call_with_its_torch_dtype_and_the_expected_exception():
+    cells = autograde.solution_cells("ex5_mixed_precision_speedup")
+    # Checks m only (what the visible test tries): the hidden tests try n = -1, with a torch.float32
+    only_m = cells["p3_solution"].replace('for name, value in (("m", m), ("n", n), ("k", k), ("batch", batch)):',
+                                          'for name, value in (("m", m),):')
+    assert only_m != cells["p3_solution"]
+    verdicts, source = run("ex5_mixed_precision_speedup", {"p3_solution": only_m}, only="p3")
+    message = verdicts["p3_tests"]["message"]
+    assert "matmul_cost(4, -1, 4, torch.float32) returned" in message, message
+    assert "expected it to raise ValueError" in message and "'float32'" not in message
+    shown = grader.safe_message(message, secrets=[SECRET], hidden_lines=grader.hidden_test_lines(source))
+    assert "matmul_cost(4, -1, 4, torch.float32)" in shown
+
+
+def test_ex2_part1_accepts_a_float32_mean_and_still_rejects_one_element_counted_wrong():
+    solution = autograde.solution_cells("ex2_loss_scaling")["p1_solution"]
+    float32_mean = solution.replace("survived.double().mean().item()", "survived.float().mean().item()")
+    assert float32_mean != solution
+    verdicts, _ = run("ex2_loss_scaling", {"p1_solution": float32_mean}, only="p1")
+    assert verdicts["p1_tests"]["passed"], verdicts["p1_tests"]
+    one_more = solution.replace("survived.double().mean().item()",
+                                "(survived.sum().item() + 1) / survived.numel() if survived.numel() > 100 "
+                                "else survived.double().mean().item()")
+    verdicts, _ = run("ex2_loss_scaling", {"p1_solution": one_more}, only="p1")
+    assert not verdicts["p1_tests"]["passed"] and "fp16_survivors of 20000" in verdicts["p1_tests"]["message"]
+
+
+def test_honest_notebook_habits_in_an_answer_cell_keep_their_points():
+    solution = autograde.solution_cells("ex2_loss_scaling")["p1_solution"]
+    habits = solution + ("\n\ntorch.nextafter?\n?torch.finfo\ntorch.float16??  # the docs\n"
+                         "display(fp16_survivors(torch.ones(3)))\n"
+                         "from IPython.display import display as show\nshow('done')\n"
+                         "answer = input('Ready? ')\n%time fp16_survivors(torch.ones(3))\n")
+    verdicts, _ = run("ex2_loss_scaling", {"p1_solution": habits}, only="p1")
+    assert verdicts["p1_tests"]["passed"], verdicts["p1_tests"]
+
+
+def test_help_lines_are_comments_and_a_question_mark_elsewhere_is_not_touched():
+    assert grader.without_magics("torch.nextafter?\n  ?np.log\nx = '?'\ny = a if b else c") == (
+        "# (not run by the grader) torch.nextafter?\n# (not run by the grader)   ?np.log\nx = '?'\ny = a if b else c")
+
+
+def run_job(setup: str, cells: list[list[str]], test: str, names: list[str]) -> dict:
+    job = {"secret": SECRET, "timeout": 60, "setup": setup,
+           "parts": [{"test_id": "p2_tests", "cells": cells, "names": names, "test": test}]}
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "hidden_tests.py"), "-"], input=json.dumps(job),
+                            capture_output=True, text=True, cwd=tempfile.gettempdir(), env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    return json.loads(result.stdout.strip().rsplit("\n", 1)[-1].removeprefix("RESULT "))["p2_tests"]
+
+
+SETUP = "import torch\nimport numpy as np\ntorch.manual_seed(0)\nnp.random.seed(0)\n"
+
+
+def test_the_tests_draw_the_same_random_numbers_whatever_the_answer_cells_drew():
+    expected = torch_first_draws()
+    test = f"assert torch.rand(3).tolist() == {expected[0]!r}\nassert np.random.rand(2).tolist() == {expected[1]!r}\n"
+    quiet = "def f():\n    return 1\n"
+    busy = quiet + "torch.rand(1000)\nnp.random.rand(7)\ntorch.manual_seed(123)\n"
+    assert run_job(SETUP, [["p2_solution", quiet]], test, ["f"])["passed"]
+    assert run_job(SETUP, [["p2_solution", busy]], test, ["f"])["passed"]
+
+
+def torch_first_draws():
+    import numpy as np
+    import torch
+    torch.manual_seed(0)
+    np.random.seed(0)
+    return torch.rand(3).tolist(), np.random.rand(2).tolist()
+
+
+def test_a_try_out_line_that_fails_outside_the_notebook_does_not_cost_a_later_part():
+    earlier = "def save(run, path):\n    return path\n\nsave(run, 'x.pt')  # `run` came from a cell of the notebook\n"
+    mine = "def load(path):\n    return path\n"
+    test = "assert load(save(None, 'y')) == 'y'\n"
+    verdict = run_job(SETUP, [["p1_solution", earlier], ["p2_solution", mine]], test, ["save", "load"])
+    assert verdict["passed"], verdict
+    # When the tests fail, the message says where the answer cell stopped
+    verdict = run_job(SETUP, [["p1_solution", "print(run)\n"], ["p2_solution", mine]], test, ["save", "load"])
+    assert not verdict["passed"]
+    assert verdict["message"].startswith("your cell p1_solution stopped with NameError: name 'run' is not defined")
+    assert "name 'save' is not defined" in verdict["message"]
+    # Exiting is no try-out: the part fails
+    verdict = run_job(SETUP, [["p1_solution", earlier.replace("save(run, 'x.pt')", "raise SystemExit")],
+                              ["p2_solution", mine]], test, ["save", "load"])
+    assert not verdict["passed"]
