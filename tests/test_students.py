@@ -38,7 +38,7 @@ def test_the_reading_order_puts_the_field_guide_before_the_exercise_that_builds_
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_student_installs_the_library_and_jupyter_only_and_opens_the_repository():
-    plan = subprocess.run(["make", "-n", "-B", "student"], cwd=ROOT, capture_output=True, text=True,
+    plan = subprocess.run(["make", "--no-print-directory", "-n", "-B", "student"], cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout
     installs = [line for line in plan.splitlines() if "pip install" in line and "--upgrade pip" not in line]
     assert installs and all("-e ." in line and "jupyterlab" in line for line in installs), plan

@@ -6,8 +6,8 @@
 # (tools/gpu-kit.txt), installed here with pip --no-index --no-deps --target.
 #
 # Steps, each with its own time limit (seconds, below) and log:
-#   1 tests      the library tests with MPCOURSE_DEVICE=cuda under xdist, less the five files that
-#                cannot run there (book build, browser, release linters, nbgrader): SKIP_TESTS
+#   1 tests      the library tests with MPCOURSE_DEVICE=cuda under xdist, less the files that
+#                cannot run there (book build, browser, release linters, nbgrader grading): SKIP_TESTS
 #   2 notebooks  every book notebook under nbval on CUDA with MPCOURSE_RECORD_GPU set, under
 #                xdist, less the ones that time or measure peak memory...
 #   3 alone      ...which run here, one at a time, with the GPU to themselves: TIMING_NOTEBOOKS
@@ -38,7 +38,7 @@ LIMIT_ALONE=100      # step 3
 LIMIT_BENCH=75       # step 4
 BENCH_BUDGET_S=50    # the bench's own budget, inside LIMIT_BENCH
 TOTAL_LIMIT=540      # the whole command: 9 minutes
-SKIP_TESTS="test_book.py test_browser.py test_release.py test_exercises.py test_grading.py"
+SKIP_TESTS="test_book.py test_browser.py test_release.py test_exercises.py test_grading.py test_instructor.py test_handing_in.py test_student_answers.py"
 TIMING_NOTEBOOKS="03_mixed_precision_training 06b_fp8_recipes 07_hardware 12_recipe"
 
 # A rehearsal on a slow machine may stretch every limit by a factor (never on the GPU).
