@@ -105,6 +105,10 @@ def wrapped(command: list[str], *, show, files, limits: Limits, uid: int, cgroup
             mounts += ["--ro-bind", top, top]
     mounts += ["--perms", "0755", "--dir", "/etc"]
     mounts += [a for name in ETC if os.path.exists(f"/etc/{name}") for a in ("--ro-bind", f"/etc/{name}", f"/etc/{name}")]
+    # /tmp first, then what is shown: a course or a Python environment that lives under /tmp (a
+    # mktemp clone) is bound on top of the empty /tmp instead of being hidden by it.
+    mounts += ["--perms", "1777", "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp"]
+    made.add(Path("/tmp"))
     for target, source in [*((Path(p), Path(p)) for p in show), *((Path(t), Path(s)) for t, s in files.items())]:
         for parent in _parents(target):  # folders bwrap creates on the way are 0700 unless told
             if parent not in made:
@@ -116,7 +120,6 @@ def wrapped(command: list[str], *, show, files, limits: Limits, uid: int, cgroup
                    "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/home/.matplotlib", "PYTHONDONTWRITEBYTECODE": "1",
                    "JUPYTER_RUNTIME_DIR": "/tmp/home/jupyter-runtime", **(env or {})}
     bwrap = ["bwrap", *mounts, "--dev", "/dev", "--proc", "/proc",
-             "--perms", "1777", "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp",
              "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
              "--die-with-parent", "--new-session", "--clearenv",
              *[a for k, v in environment.items() for a in ("--setenv", k, v)], "--chdir", "/tmp", "--"]
