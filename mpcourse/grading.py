@@ -25,13 +25,19 @@ Two guard rails keep the grade honest:
   so a submission that replaces them with something that always agrees fails instead of passing.
 
 These run inside the student's Python process, so they stop accidents and casual tampering, not
-a determined attacker. No grade depends on them: the points come from the same test cells run by
-`tools/hidden_tests.py`, in a fresh interpreter inside a sandbox, on the student's answer cells
-alone (see the instructor guide). There `seed(n)` mixes the instructor's secret into the seeds of
-the hidden tests' random inputs; in a student's notebook it returns `n`.
+a determined attacker, and no grade depends on them. When the grader runs a part's tests
+(`tools/hidden_tests.py`, in a sandbox), this module *observes* instead of deciding: `assert_close`,
+`assert_equal`, `matches_reference`, `raises` and `own_work` record what the student's code did
+(values, shapes, dtypes, exception types, library calls) as data, and never raise for a wrong
+answer; the expected values were removed from the tests before they ran there. The same tests run
+on the instructor's reference solution in a sandbox of its own, on the same secret inputs, and
+`tools/judge.py`, which never runs student code, compares the two records (see the instructor
+guide). There `seed(n)` mixes the instructor's secret into the seeds of the hidden tests' random
+inputs; in a student's notebook it returns `n`.
 """
-import hashlib
+import base64
 import builtins
+import hashlib
 import contextlib
 import math
 import sys
@@ -68,6 +74,8 @@ _ORIGINALS = {(owner, name): getattr(owner, name) for owner, names in _GUARDED.i
 _parts_passed: list[str] = []
 _forbidden: set[str] = set()   # names of torch functions the current part may not call
 _secret = ""                   # set by the hidden-test runner only
+_observations: list | None = None  # set by the hidden-test runner: record what happened, decide nothing
+OBSERVED_VALUES = 2_000_000    # numbers a part may record in all (the rest: recorded as too large)
 
 
 def seed(n: int) -> int:
@@ -229,15 +237,24 @@ def own_work(function, *args, **kwargs):
     with _watch_calls_into(_PACKAGE_DIR, _THIS_FILE) as calls:
         result = function(*args, **kwargs)
     name = getattr(function, "__name__", "your code")
-    if calls:
-        names = ", ".join(sorted(set(calls))[:5])
-        if any(call.startswith("torch") for call in calls):
-            raise AssertionError(f"{name} calls {names}, which this part asks you not to use.")
-        raise AssertionError(
-            f"{name} calls the course library ({names}). "
-            "This part asks you to implement it yourself from NumPy/torch operations.")
+    if _observations is not None:  # graded: the judge decides (tools/judge.py)
+        _observations.append({"check": "own_work", "what": name, "calls": sorted(set(calls))[:5]})
+    elif calls:
+        raise AssertionError(own_work_problem(name, sorted(set(calls))))
     _check_exact_types(result, name)
     return result
+
+
+def own_work_problem(name: str, calls: list[str]) -> str | None:
+    """Why `name`'s calls break the part's rules (or None): a torch function the part forbids, or
+    the course library's reference."""
+    if not calls:
+        return None
+    names = ", ".join(calls[:5])
+    if any(call.startswith("torch") for call in calls):
+        return f"{name} calls {names}, which this part asks you not to use."
+    return (f"{name} calls the course library ({names}). "
+            "This part asks you to implement it yourself from NumPy/torch operations.")
 
 
 def _shown(value, width: int = 60) -> str:
@@ -266,19 +283,35 @@ def raises(expected, function, *args, **kwargs) -> None:
     """Assert that `function(*args, **kwargs)` raises `expected` (an exception class or a tuple of
     them), with a message that shows the real call, what it did instead and what was expected."""
     call = call_text(function, *args, **kwargs)
-    wanted = " or ".join(e.__name__ for e in (expected if isinstance(expected, tuple) else (expected,)))
+    wanted = [e.__name__ for e in (expected if isinstance(expected, tuple) else (expected,))]
+    raised, did = None, None
     try:
         result = function(*args, **kwargs)
-    except expected:
-        return
-    except Exception as error:  # noqa: BLE001  the wrong exception: say which, and which was expected
+        did = f"returned {_shown(result)}"
+    except Exception as error:  # noqa: BLE001  which exception: the observation
+        raised = [k.__name__ for k in type(error).__mro__]
         try:
             text = BaseException.__str__(error)[:200]
         except Exception:  # noqa: BLE001
             text = ""
-        raise AssertionError(f"{call} raised {type(error).__name__}{': ' + text if text else ''}; "
-                             f"expected {wanted} for this bad input") from None
-    raise AssertionError(f"{call} returned {_shown(result)}; expected it to raise {wanted} for this bad input")
+        did = f"raised {type(error).__name__}{': ' + text if text else ''}"
+    if _observations is not None:
+        _observations.append({"check": "raises", "what": call, "expected": wanted, "raised": raised, "did": did})
+        return
+    problem = raises_problem(call, wanted, raised, did)
+    if problem:
+        raise AssertionError(problem)
+
+
+def raises_problem(call: str, wanted: list[str], raised: list[str] | None, did: str) -> str | None:
+    """Why a call that should raise one of `wanted` failed the check (or None): `raised` is the
+    class names of what it raised (its MRO), None if it returned; `did` says what it did."""
+    if raised is not None and set(wanted) & set(raised):
+        return None
+    expected = " or ".join(wanted)
+    if raised is None:
+        return f"{call} {did}; expected it to raise {expected} for this bad input"
+    return f"{call} {did}; expected {expected} for this bad input"
 
 
 def _differ(expected: float, actual: float) -> tuple[str, str]:
@@ -290,36 +323,168 @@ def _differ(expected: float, actual: float) -> tuple[str, str]:
     return shown
 
 
-def assert_close(actual, expected, *, rtol: float = 1e-6, atol: float = 0.0, what: str = "result"):
-    """Assert `actual` equals `expected` within `atol + rtol*|expected|`, with a message that
-    names what differs (type, shape, NaN/inf pattern or the largest difference)."""
-    if isinstance(actual, (int, float)) and not isinstance(actual, bool):
-        actual = np.float64(actual)
-    if isinstance(actual, torch.Tensor):
-        actual = actual.detach().cpu().double().numpy()
-    if not isinstance(actual, (np.ndarray, np.floating, np.integer)):
-        raise AssertionError(f"{what} should be a number, array or tensor, got {type(actual).__name__}")
-    if isinstance(expected, torch.Tensor):
-        expected = expected.detach().cpu().double().numpy()
-    actual, expected = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+def _as_array(value, what: str):
+    """A number, array or tensor as a float64 NumPy array; a message (str) for anything else."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = np.float64(value)
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().double().numpy()
+    if not isinstance(value, (np.ndarray, np.floating, np.integer)):
+        return f"{what} should be a number, array or tensor, got {type(value).__name__}"
+    return np.asarray(value, dtype=np.float64)
+
+
+def closeness_problem(actual, expected, rtol: float, atol: float, what: str) -> str | None:
+    """Why float64 arrays `actual` and `expected` are not equal within `atol + rtol*|expected|`
+    (same NaN and infinity pattern), or None: the type, shape, NaN/inf pattern or largest difference."""
+    if isinstance(actual, str):
+        return actual
     if actual.shape != expected.shape:
-        raise AssertionError(f"{what} has shape {actual.shape}, expected {expected.shape}")
+        return f"{what} has shape {actual.shape}, expected {expected.shape}"
     if not np.array_equal(np.isnan(actual), np.isnan(expected)):
-        raise AssertionError(f"{what} has NaN where the expected value does not (or vice versa)")
+        return f"{what} has NaN where the expected value does not (or vice versa)"
     finite = np.isfinite(expected)
     if not np.array_equal(actual[~finite & ~np.isnan(expected)], expected[~finite & ~np.isnan(expected)]):
-        raise AssertionError(f"{what} has a different pattern of infinities than expected")
+        return f"{what} has a different pattern of infinities than expected"
     difference = np.abs(actual[finite] - expected[finite])
     allowed = atol + rtol * np.abs(expected[finite])
     if difference.size and not np.all(difference <= allowed):
         worst = int(np.argmax(difference - allowed))
         shown_expected, shown_actual = _differ(expected[finite][worst], actual[finite][worst])
-        raise AssertionError(
-            f"{what} differs from the expected value by up to {difference[worst]:.3g} "
-            f"(expected {shown_expected}, got {shown_actual}; allowed {allowed[worst]:.3g})")
+        return (f"{what} differs from the expected value by up to {difference[worst]:.3g} "
+                f"(expected {shown_expected}, got {shown_actual}; allowed {allowed[worst]:.3g})")
+    return None
+
+
+def assert_close(actual, expected, *, rtol: float = 1e-6, atol: float = 0.0, what: str = "result"):
+    """Assert `actual` equals `expected` within `atol + rtol*|expected|`, with a message that
+    names what differs (type, shape, NaN/inf pattern or the largest difference). Graded, it records
+    `actual` (the grader has removed `expected` from the student's copy of the tests)."""
+    got = _as_array(actual, what)
+    if _observations is not None:
+        _observations.append({"check": "close", "what": what, "actual": data(got),
+                              "expected": None if expected is None else data(_as_array(expected, "expected")),
+                              "rtol": float(rtol), "atol": float(atol)})
+        return
+    problem = closeness_problem(got, _as_array(expected, "the expected value"), rtol, atol, what)
+    if problem:
+        raise AssertionError(problem)
+
+
+def assert_equal(actual, expected, *, what: str = "result"):
+    """Assert `actual` is exactly `expected`: the same type (a tuple is not a list), value (NaN
+    equals NaN), dtype, shape and device; for results such as a dtype, a shape, a count or a flag.
+    Graded, it records `actual` as data (the grader has removed `expected` there)."""
+    got = data(actual)
+    if _observations is not None:
+        _observations.append({"check": "equal", "what": what, "actual": got,
+                              "expected": None if expected is None else data(expected)})
+        return
+    if got != data(expected):
+        raise AssertionError(f"{what}: expected {shown_data(data(expected))}, got {shown_data(got)}")
+
+
+def matches_reference(actual, *, what: str = "result", rtol: float = 0.0, atol: float = 0.0):
+    """Graded: record `actual`, to be compared with the instructor's reference solution's value on
+    the same inputs (numbers within `atol + rtol*|reference|`, anything else exactly). In a notebook
+    it checks nothing (there is no reference to compare with): use it only in hidden tests."""
+    if _observations is not None:
+        _observations.append({"check": "reference", "what": what, "actual": data(actual),
+                              "rtol": float(rtol), "atol": float(atol)})
+
+
+# --- observations as data: JSON that cannot run code, compared by tools/judge.py ---------------
+
+def _numbers(array: np.ndarray) -> dict:
+    """An array's float64 values, exactly (NaN and infinities included), as base64 text."""
+    global _budget
+    values = np.ascontiguousarray(array, dtype="<f8").ravel()
+    _budget -= values.size
+    if _budget < 0:
+        return {"too_large": int(values.size)}
+    return {"shape": list(array.shape), "f8": base64.b64encode(values.tobytes()).decode()}
+
+
+_budget = OBSERVED_VALUES
+
+
+def data(value, depth: int = 0):
+    """`value` as JSON data that says what it is: numbers exactly, tensors and arrays with dtype,
+    shape and device, containers item by item, anything else by its type's name."""
+    if depth > 8:
+        return {"other": "nested too deeply"}
+    if value is None or isinstance(value, (bool, str)) and type(value) in (bool, str):
+        return value if not isinstance(value, str) else {"str": value[:1000]}
+    if isinstance(value, (np.bool_,)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return {"int": str(int(value))}
+    if isinstance(value, (float, np.floating)):
+        return {"float": float(value).hex()}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value)}
+    if isinstance(value, torch.device):
+        return {"device": value.type}
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach()
+        values = tensor.cpu().to(torch.float64) if not tensor.is_complex() else tensor.cpu().abs().double()
+        return {"tensor": str(tensor.dtype), "device": tensor.device.type, **_numbers(values.numpy())}
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf":
+            return {"other": f"array of {value.dtype}"}
+        return {"array": str(value.dtype), **_numbers(value)}
+    if isinstance(value, (tuple, list)):
+        items = [data(v, depth + 1) for v in list(value)[:10_000]]
+        return {"tuple" if isinstance(value, tuple) else "list": items}
+    if isinstance(value, dict):
+        return {"dict": sorted(([data(k, depth + 1), data(v, depth + 1)] for k, v in list(value.items())[:10_000]),
+                               key=repr)}
+    return {"other": type(value).__name__}
+
+
+def numbers_of(record: dict) -> np.ndarray | str:
+    """The float64 array a `data` record of a tensor or array holds (a message if it holds none)."""
+    if not isinstance(record, dict) or "f8" not in record or not isinstance(record.get("shape"), list):
+        return "not an array of numbers"
+    raw = base64.b64decode(record["f8"], validate=True)
+    shape = [int(n) for n in record["shape"]]
+    if len(raw) != 8 * math.prod(shape):
+        return "an array whose shape and values disagree"
+    return np.frombuffer(raw, dtype="<f8").reshape(shape)
+
+
+def shown_data(record, width: int = 80) -> str:
+    """A short rendering of a `data` record for a message."""
+    if not isinstance(record, dict):
+        text = repr(record)
+    elif "str" in record:
+        text = repr(record["str"])
+    elif "int" in record:
+        text = record["int"]
+    elif "float" in record:
+        text = repr(float.fromhex(record["float"]))
+    elif "dtype" in record:
+        text = record["dtype"]
+    elif "device" in record and len(record) == 1:
+        text = repr(record["device"])
+    elif "tensor" in record or "array" in record:
+        kind = "tensor" if "tensor" in record else "array"
+        values = numbers_of(record)
+        body = (values.tolist() if isinstance(values, np.ndarray) and values.size <= 8
+                else f"of shape {tuple(record.get('shape', ()))}")
+        text = f"<{kind} {body}, {record[kind]}>"
+    elif "tuple" in record or "list" in record:
+        items = record.get("tuple", record.get("list")) or []
+        inner = ", ".join(shown_data(v, width) for v in items[:8]) + (", ..." if len(items) > 8 else "")
+        text = f"({inner})" if "tuple" in record else f"[{inner}]"
+    elif "other" in record:
+        text = f"<{record['other']}>"
+    else:
+        text = str(record)
+    return text if len(text) <= width else text[:width - 5] + " ...>"
 
 
 # This module's own functions, as defined: a test cell also fails if one of them was replaced.
 _OWN_FUNCTIONS = {name: globals()[name] for name in
-                  ["start", "passed", "summary", "own_work", "assert_close", "raises", "call_text", "_shown",
+                  ["start", "passed", "summary", "own_work", "assert_close", "assert_equal", "matches_reference", "raises", "call_text", "_shown",
                    "_differ", "_check_untampered", "_is_genuine", "_is_original", "_check_exact_types", "_watch_calls_into", "seed"]}

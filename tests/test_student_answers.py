@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import autograde  # noqa: E402
 import grader  # noqa: E402
+import judge  # noqa: E402
 
 SECRET = "a-test-secret"
 
@@ -45,17 +46,25 @@ def run(assignment: str, answers: dict[str, str] | None = None, visible: bool = 
     cells = {**autograde.solution_cells(assignment), **(answers or {})}
     submission = {**release, "cells": [{**c, "source": cells.get(grader.grade_id(c), c["source"])}
                                        for c in release["cells"]]}
-    job = grader.hidden_test_job(source, submission, SECRET, 120)
-    job["parts"] = [p for p in job["parts"] if only in (None, autograde.part_of(p["test_id"]))]
-    if visible:
-        tests = {grader.grade_id(c): grader.source_text(c) for c in release["cells"] if grader.grade_id(c)}
-        for part in job["parts"]:
-            part["test"] = tests[part["test_id"]]
+    jobs = {"reference": grader.hidden_test_job(source, source, SECRET, 120, reference=True),
+            "student": grader.hidden_test_job(source, submission, SECRET, 120)}
+    for job in jobs.values():
+        job["parts"] = [p for p in job["parts"] if only in (None, autograde.part_of(p["test_id"]))]
+        if visible:
+            tests = {grader.grade_id(c): grader.source_text(c) for c in release["cells"] if grader.grade_id(c)}
+            for part in job["parts"]:
+                part["test"] = tests[part["test_id"]] if job is jobs["reference"] else grader.without_expected(
+                    tests[part["test_id"]])
+    return judge.judge(runner(jobs["reference"]), runner(jobs["student"])), source
+
+
+def runner(job: dict) -> dict:
+    """tools/hidden_tests.py's record of `job`, run here without a sandbox."""
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "hidden_tests.py"), "-"], input=json.dumps(job),
                             capture_output=True, text=True, cwd=tempfile.gettempdir(), env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     line = result.stdout.strip().rsplit("\n", 1)[-1]
     assert line.startswith("RESULT "), result.stderr[-2000:]
-    return json.loads(line.removeprefix("RESULT ")), source
+    return json.loads(line.removeprefix("RESULT "))
 
 
 # Every part whose task asks for errors on bad input (ex7's parts 2 and 3 ask for none).
@@ -134,11 +143,12 @@ def test_help_lines_are_comments_and_a_question_mark_elsewhere_is_not_touched():
 
 
 def run_job(setup: str, cells: list[list[str]], test: str, names: list[str]) -> dict:
+    """Whether `test` (plain asserts, no grading check) ran to its end after the answer `cells`,
+    and the runner's message if not."""
     job = {"secret": SECRET, "timeout": 60, "setup": setup,
            "parts": [{"test_id": "p2_tests", "cells": cells, "names": names, "test": test}]}
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "hidden_tests.py"), "-"], input=json.dumps(job),
-                            capture_output=True, text=True, cwd=tempfile.gettempdir(), env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-    return json.loads(result.stdout.strip().rsplit("\n", 1)[-1].removeprefix("RESULT "))["p2_tests"]
+    record = runner(job)["p2_tests"]
+    return {"passed": record["stopped"] is None, "message": record["stopped"] or ""}
 
 
 SETUP = "import torch\nimport numpy as np\ntorch.manual_seed(0)\nnp.random.seed(0)\n"

@@ -44,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sandbox as sandboxing  # noqa: E402
+import judge  # noqa: E402
 import feedback_page  # noqa: E402
 from review_flags import PARSING, review_flags  # noqa: E402  (one lock: ast.parse is not thread-safe in 3.11)
 
@@ -276,9 +277,33 @@ def write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
-def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int) -> dict:
+CHECKS_WITH_EXPECTED = {"assert_close", "assert_equal"}
+
+
+def without_expected(test: str) -> str:
+    """A test cell with the expected value of every `assert_close` and `assert_equal` check
+    replaced by None: the student's process never holds one, so it cannot record it as its own
+    answer (the reference's run keeps them; tools/judge.py compares)."""
+    class Strip(ast.NodeTransformer):
+        def visit_Call(self, node):
+            self.generic_visit(node)
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if name in CHECKS_WITH_EXPECTED:
+                if len(node.args) >= 2:
+                    node.args[1] = ast.Constant(None)
+                node.keywords = [ast.keyword("expected", ast.Constant(None)) if k.arg == "expected" else k
+                                 for k in node.keywords]
+            return node
+    with PARSING:
+        tree = ast.parse(test)
+    return ast.unparse(ast.fix_missing_locations(Strip().visit(tree)))
+
+
+def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *, reference: bool = False) -> dict:
     """What tools/hidden_tests.py needs: the instructor's set-up and test cells, and per part the
-    student's answer cells it depends on (its own, and earlier parts' that define a name it uses)."""
+    student's answer cells it depends on (its own, and earlier parts' that define a name it uses).
+    The test cells lose their expected values (`without_expected`) unless `reference` (the job of
+    the instructor's solution, `submission` then being the source)."""
     cells = {grade_id(c): c for c in source["cells"] if grade_id(c)}
     solutions = [g for g, c in cells.items() if c["metadata"]["nbgrader"].get("solution")]
     tests = [g for g, c in cells.items() if c["metadata"]["nbgrader"].get("grade") and c.get("cell_type") == "code"]
@@ -303,7 +328,7 @@ def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int) -
                 wanted |= set().union(*map(used_names, mine + theirs))
         parts.append({"test_id": test, "names": sorted(expected),
                       "cells": [[g, src] for g, src in answers if part_of(g) in needed],
-                      "test": source_text(cells[test])})
+                      "test": source_text(cells[test]) if reference else without_expected(source_text(cells[test]))})
     return {"secret": secret, "timeout": timeout, "setup": source_text(cells["setup"]), "parts": parts}
 
 
@@ -508,8 +533,9 @@ def feedback_limits(timeout: int) -> "sandboxing.Limits":
 
 
 def hidden_test_limits(parts: int, timeout: int) -> "sandboxing.Limits":
-    seconds = 60 + parts * timeout  # parts: the instructor's, not the student's
-    return sandboxing.Limits(seconds=seconds, cpu_seconds=seconds)
+    """Each part stops after `timeout` s of CPU time or 4x that of wall-clock time (hidden_tests.py);
+    parts: the instructor's, not the student's."""
+    return sandboxing.Limits(seconds=60 + 4 * parts * timeout, cpu_seconds=60 + parts * (timeout + 3))
 
 
 def grade_student(course, assignment, student, template, source, release, secret, timeout, sandbox, execute):
@@ -544,18 +570,33 @@ def grade_student(course, assignment, student, template, source, release, secret
                 why = (f"ran past the {feedback_seconds(timeout)} s allowed for the whole notebook" if run.killed == "time"
                        else f"used more than its CPU time" if run.killed else f"failed ({run.stderr[-300:]})")
                 note = "; ".join(filter(None, [renamed, f"its notebook run {why}; the feedback shows it as submitted"]))
-        folder = Path(scratch) / "hidden"
-        folder.mkdir()
-        shutil.copy(TOOLS / "hidden_tests.py", folder / "hidden_tests.py")
-        tests = {**hidden_test_job(source, submission, secret, timeout), "sandboxed": sandbox}
-        run = run_sandboxed(["/bin/sh", "-c", 'exec python "$GRADING/hidden_tests.py" -'], folder=folder,
-                            limits=hidden_test_limits(len(tests["parts"]), timeout), sandbox=sandbox,
-                            stdin=json.dumps(tests).encode())
-        line = run.stdout.strip().rsplit("\n", 1)[-1] if run.returncode == 0 else ""
-        if not line.startswith("RESULT "):
-            why = "ran out of time" if run.killed else f"failed: {(run.stderr or run.stdout)[-500:]}"
-            return None, ran, f"the hidden-test runner {why}", note, flags
-        return json.loads(line.removeprefix("RESULT ")), ran, None, note, flags
+        records = {}
+        for who, job in (("reference", hidden_test_job(source, source, secret, timeout, reference=True)),
+                         ("student", hidden_test_job(source, submission, secret, timeout))):
+            records[who], problem = run_hidden_tests(Path(scratch) / who, job, sandbox, timeout)
+            if problem:
+                return None, ran, f"the hidden-test runner ({who}) {problem}", note, flags
+        try:
+            return judge.judge(records["reference"], records["student"]), ran, None, note, flags
+        except judge.ReferenceProblem as error:
+            return None, ran, f"the instructor's reference solution fails its own tests: {error}", note, flags
+
+
+def run_hidden_tests(folder: Path, job: dict, sandbox: bool, timeout: int) -> tuple[dict | None, str | None]:
+    """(record of each part, None) from tools/hidden_tests.py run on `job` in a sandbox of its own, or
+    (None, why not). The record leaves on the result pipe, as JSON: data, never code."""
+    folder.mkdir()
+    shutil.copy(TOOLS / "hidden_tests.py", folder / "hidden_tests.py")
+    run = run_sandboxed(["/bin/sh", "-c", 'exec python "$GRADING/hidden_tests.py" - >&3 3>&-'], folder=folder,
+                        limits=hidden_test_limits(len(job["parts"]), timeout), sandbox=sandbox,
+                        stdin=json.dumps({**job, "sandboxed": sandbox}).encode())
+    line = run.result.decode(errors="replace").strip().rsplit("\n", 1)[-1] if run.returncode == 0 else ""
+    if not line.startswith("RESULT "):
+        return None, ("ran out of time" if run.killed else f"failed: {(run.stderr or run.stdout)[-500:]}")
+    try:
+        return json.loads(line.removeprefix("RESULT ")), None
+    except (ValueError, RecursionError):
+        return None, "sent back a damaged record"
 
 
 def registered(course: Path, assignment: str) -> bool:

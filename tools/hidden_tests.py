@@ -1,33 +1,36 @@
-"""Runs one student's hidden tests: the untrusted half of the grader, started by tools/grader.py
-inside the student's sandbox. It never sees the student's notebook, only the job, on its stdin:
+"""Runs one student's hidden tests, or the instructor's reference solution under the same tests:
+the untrusted half of the grader, started by tools/grader.py inside a sandbox of its own. It never
+sees the student's notebook, only the job, on its stdin:
 
     {"secret": "...", "timeout": 60, "setup": "<the instructor's set-up cell>",
-     "parts": [{"test_id": "p1_tests", "cells": [["p1_solution", "<student code>"], ...],
-                "names": ["naive_softmax", ...], "test": "<the instructor's test cell>"}, ...]}
+     "parts": [{"test_id": "p1_tests", "cells": [["p1_solution", "<answer code>"], ...],
+                "names": ["naive_softmax", ...], "test": "<the part's test cell>"}, ...]}
 
-For each part it forks a child (numpy, torch and the checker are imported before any student code
-and before the fork). The child runs the set-up cell twice, into two namespaces: the student's
-answer cells run in one, the test cell in the other, which receives only the names the exercise
-asks for (`names`), so nothing an answer cell rebinds (`grading`, `torch`, ...) reaches the tests.
-The answer cells run as the notebook ran them: help lines (`name?`) are comments (tools/grader.py),
+For each part it forks a child (numpy, torch and the checker are imported before any answer code
+and before the fork). The child runs the set-up cell twice, into two namespaces: the answer cells
+run in one, the test cell in the other, which receives only the names the exercise asks for
+(`names`), so nothing an answer cell rebinds (`grading`, `torch`, ...) reaches the tests. The
+answer cells run as the notebook ran them: help lines (`name?`) are comments (tools/grader.py),
 `display` and `input` exist, and an answer cell that raises (a try-out line that used something
 of the notebook's outside the answer cells) does not stop the part: what it defined is tested,
 and the failure message names the cell. The tests' random generators start as the set-up cell
 left them, whatever the answer cells drew.
-The child's output goes nowhere; its verdict comes back on a pipe, and a child that hangs, ignores
-signals or exits is killed or ignored after `timeout` seconds and fails that part alone.
 
-What it does not stop: code in an answer cell runs in the same process as that part's tests, so
-code written against this runner (writing a verdict to the pipe itself, or reading the job from
-the runner's memory, its part's hidden tests and seed included) can pass its own part. It cannot
-reach other parts' results, other students, the gradebook, or anything outside the sandbox.
+The child decides nothing. `mpcourse.grading` runs in observing mode there: each check records
+what the answer did, as data (tools/judge.py compares those records with the reference's), and
+the record goes back on a pipe with the error that stopped the tests, if any. A child that hangs,
+ignores signals or exits is killed or ignored after `timeout` seconds of CPU time (or four times
+that of wall-clock time: a loaded machine does not fail an honest slow part) and that part's
+record says so. Code written against this runner can write any record it likes: it still needs
+the right values on the secret inputs to match the reference's.
 
-Prints one line, RESULT {"p1_tests": {"passed": true, "message": ""}, ...}, and exits 0.
+Prints one line, RESULT {"p1_tests": {"observations": [...], "stopped": null}, ...}, and exits 0.
 """
 import ctypes
 import json
 import math  # noqa: F401  (imported before any student code, as the tests expect)
 import os
+import resource
 import select
 import signal
 import sys
@@ -68,13 +71,16 @@ def set_rng_state(state: tuple) -> None:
         torch.cuda.set_rng_state_all(state[3])
 
 
-def run_part(job: dict, part: dict, verdict_fd: int) -> None:
-    """In the child: run the answer cells and the part's tests, write the verdict, exit."""
+def run_part(job: dict, part: dict, record_fd: int) -> None:
+    """In the child: run the answer cells and the part's tests observing, write the record, exit."""
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
+    seconds = int(job["timeout"])
+    resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 2))  # then SIGXCPU, then SIGKILL
     grading._secret = job["secret"]
     stopped = []  # answer cells that raised: a try-out line may need what the notebook had around it
+    observations: list = []
     try:
         tests = {"__name__": "__main__"}
         exec(compile(job["setup"], "<set-up cell>", "exec"), tests)
@@ -89,11 +95,18 @@ def run_part(job: dict, part: dict, verdict_fd: int) -> None:
                 stopped.append(f"your cell {cell_id} stopped with {describe(error)}")
         tests.update({name: answers[name] for name in part["names"] if name in answers})
         set_rng_state(random_state)  # the tests draw the same numbers whatever the answers drew
+        grading._observations = observations
         exec(compile(part["test"], f"<tests of {part['test_id']}>", "exec"), tests)
-        verdict = {"passed": True, "message": ""}
+        record = {"observations": observations, "stopped": None}
     except BaseException as error:  # noqa: BLE001
-        verdict = {"passed": False, "message": "; then ".join(stopped + [describe(error)])}
-    os.write(verdict_fd, json.dumps(verdict).encode())
+        record = {"observations": observations, "stopped": "; then ".join(stopped + [describe(error)])}
+    try:
+        text = json.dumps(record)
+    except (TypeError, ValueError, RecursionError):
+        text = json.dumps({"observations": [], "stopped": "the tests' record could not be written"})
+    data = text.encode()
+    while data:
+        data = data[os.write(record_fd, data):]
     os._exit(0)
 
 
@@ -110,6 +123,9 @@ def end_the_others() -> None:
                     pass
 
 
+RECORD_BYTES = 64 * 2**20  # the most read of one part's record
+
+
 def grade_part(job: dict, part: dict) -> dict:
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -118,30 +134,36 @@ def grade_part(job: dict, part: dict) -> dict:
         os.setpgid(0, 0)
         run_part(job, part, write_fd)
     os.close(write_fd)
-    deadline, data = time.monotonic() + job["timeout"], b""
-    while len(data) < 100_000:
+    deadline, chunks, size = time.monotonic() + 4 * job["timeout"], [], 0
+    while size <= RECORD_BYTES:
         ready, _, _ = select.select([read_fd], [], [], max(0.0, deadline - time.monotonic()))
-        chunk = os.read(read_fd, 65536) if ready else None
+        chunk = os.read(read_fd, 2**20) if ready else None
         if not chunk:
             break
-        data += chunk
+        chunks.append(chunk)
+        size += len(chunk)
     timed_out = time.monotonic() >= deadline
     for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
         try:
             kill()
         except OSError:
             pass
-    os.waitpid(pid, 0)
+    _, status = os.waitpid(pid, 0)
     os.close(read_fd)
     if job.get("sandboxed"):
         end_the_others()
     try:
-        verdict = json.loads(data)
-        return {"passed": verdict["passed"] is True, "message": str(verdict["message"])[:2000]}
-    except (ValueError, KeyError, TypeError):
-        reason = (f"did not finish within {job['timeout']} s" if timed_out
-                  else "ended the process before the tests finished")
-        return {"passed": False, "message": f"the tests of this part {reason}"}
+        record = json.loads(b"".join(chunks)) if size <= RECORD_BYTES else None
+        if isinstance(record, dict) and isinstance(record.get("observations"), list):
+            return {"observations": record["observations"], "stopped": record.get("stopped")}
+    except (ValueError, RecursionError):
+        pass
+    cpu = os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL) and not timed_out
+    reason = (f"did not finish within {job['timeout']} s of CPU time" if cpu
+              else f"did not finish within {4 * job['timeout']} s" if timed_out
+              else f"wrote a record larger than {RECORD_BYTES // 2**20} MB" if size > RECORD_BYTES
+              else "ended the process before the tests finished")
+    return {"observations": [], "stopped": f"the tests of this part {reason}"}
 
 
 def main() -> None:
