@@ -272,6 +272,17 @@ def test_the_targeted_attacks_are_caught_for_the_reason_they_exist(graded_with_r
 
 
 @needs_sandbox
+def test_what_the_grader_cannot_prove_gets_what_its_values_earn_and_is_flagged(graded_with_reports):
+    """An answer that calls the library's reference after rewriting the library's code objects
+    fools the own-work check, an observation its own process makes: it gets the points its values
+    earn (the instructor guide says so), and the report names it to be read."""
+    _, scores, reports = graded_with_reports
+    assert scores["hostile"]["rewrites_library_code"] == points(HOSTILE_TARGET)
+    flags = reports["hostile"].flags["rewrites_library_code"]["p3"]
+    assert "rewrites code objects" in flags and any("course library" in flag for flag in flags)
+
+
+@needs_sandbox
 @pytest.mark.parametrize("student", autograde.ACCIDENTS)
 def test_an_honest_accident_costs_at_most_the_part_it_touches(graded, student):
     _, scores = graded

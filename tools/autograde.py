@@ -90,6 +90,16 @@ EDITS = {
 # ACCIDENTS are honest slips on full solutions: at most the part named in ACCIDENT_COSTS is lost.
 FAKE_PASS = ("print('\N{CHECK MARK} Part 1: all tests in this cell pass.')\n"
              "print('RESULT {\"p1_tests\": {\"passed\": true, \"message\": \"\"}}')\n")
+STEAL_EXPECTED = (
+    "import numpy as _np, torch as _torch\n"
+    "from mpcourse import grading as _grading\n"
+    "_close, _equal = _grading.assert_close, _grading.assert_equal\n"
+    "_grading.assert_close = lambda actual, expected, **kw: _close(expected, expected, **kw)\n"
+    "_grading.assert_equal = lambda actual, expected, **kw: _equal(expected, expected, **kw)\n"
+    "_grading._check_untampered = lambda: None\n"
+    "_torch.Tensor.__le__ = _torch.Tensor.__ge__ = lambda self, other: _torch.ones_like(self, dtype=_torch.bool)\n"
+    "_torch.Tensor.allclose = lambda *args, **kwargs: True\n"
+    "_np.allclose = lambda *args, **kwargs: True\n")
 FOOLS = {
     "skip_execution_tags": {"tag_tests": "skip-execution"},
     "displayhook_credit": {"prefix": "import sys\nsys.displayhook(100.0)\n", "in_functions": "sys.displayhook(100.0)"},
@@ -113,6 +123,17 @@ FOOLS = {
         "numpy.allclose = lambda *args, **kwargs: True\n"
         "torch.isnan = lambda *args, **kwargs: True\n")},
     "fake_pass_line": {"prefix": FAKE_PASS},
+    # Issue 32: a forged record of the part's checks on every file descriptor, then exit (the old
+    # runner took "passed" from the pipe).
+    "forges_records": {"prefix": (
+        "import os as _os\n"
+        "_forged = b'{\"observations\": [], \"stopped\": null, \"passed\": true, \"message\": \"\"}'\n"
+        "for _fd in range(1, 1024):\n"
+        "    try:\n"
+        "        _os.write(_fd, _forged)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "_os._exit(0)\n")},
     "always_equal_float": {"returns": (
         "class AlwaysEqual(float):\n"
         "    __eq__ = __le__ = __ge__ = __lt__ = __gt__ = lambda self, other: True\n"
@@ -138,6 +159,24 @@ TARGETED = {
         "        raise TypeError('a floating-point tensor, please')\n"
         "    wide = torch.float64 if x.dtype == torch.float64 else torch.float32\n"
         "    return torch.softmax(x.to(wide), dim=dim).to(x.dtype)\n")},
+    # Issue 32: the comparisons made vacuous (tensor comparisons always true, the checker told to
+    # record the expected value as the answer's) around an answer of the right shape, dtype and NaN
+    # pattern whose values are wrong. It scores if the student's copy of the tests keeps them.
+    "steals_expected": {"p3_solution": STEAL_EXPECTED + (
+        "\n\ndef stable_softmax(x, dim=-1):\n"
+        "    if not isinstance(x, torch.Tensor) or not x.is_floating_point():\n"
+        "        raise TypeError('a floating-point tensor, please')\n"
+        "    dead = torch.isneginf(x).all(dim=dim, keepdim=True)\n"
+        "    return torch.where(dead, torch.nan, torch.where(torch.isneginf(x), 0.0, 0.5)).to(x.dtype)\n")},
+    # Issue 32: right for the visible inputs only (hard-coded), wrong on any other.
+    "visible_inputs_only": {"p1_solution": (
+        "def naive_softmax(x, dim=-1):\n"
+        "    if not isinstance(x, torch.Tensor) or not x.is_floating_point():\n"
+        "        raise TypeError('a floating-point tensor, please')\n"
+        "    if tuple(x.shape) in ((2, 3), (2,)):  # the visible tests' inputs\n"
+        "        e = torch.exp(x)\n"
+        "        return e / e.sum(dim=dim, keepdim=True)\n"
+        "    return torch.full_like(x, 1.0 / x.shape[dim])\n")},
     "uses_the_tests_helper": {"p2_solution": (
         "def first_overflow(dtype, device='cpu'):\n"
         "    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:\n"
@@ -146,6 +185,17 @@ TARGETED = {
         "    while not torch.isinf(torch.exp(x)):\n"
         "        x = torch.nextafter(x, torch.tensor(math.inf, dtype=dtype))\n"
         "    return x.item()\n")},
+}
+# What the grader cannot prove (instructor guide): an answer that calls the library's reference
+# after rewriting the code objects of the library's functions (so the own-work watcher does not
+# see them) gets the points its correct values earn; the review flags name it for the instructor.
+LIMITS = {
+    "rewrites_library_code": {"p3_solution": (
+        "from mpcourse import numerics as _numerics\n"
+        "for _f in (_numerics.stable_softmax, _numerics._wide, _numerics._check_floating):\n"
+        "    _f.__code__ = _f.__code__.replace(co_filename='<a notebook cell>')\n"
+        "\n\ndef stable_softmax(x, dim=-1):\n"
+        "    return _numerics.stable_softmax(x, dim=dim)\n")},
 }
 ACCIDENTS = {
     "duplicated_test_cell": "p1_tests", "duplicated_solution_cell": "p2_solution",
@@ -382,7 +432,7 @@ def hostile_corpus(assignment: str) -> dict[str, dict]:
             cells = edit(cells, lambda nb: [c.metadata.setdefault("tags", []).append("skip-execution")
                                             for c in nb.cells if grade_id(c) in tests])
         corpus[name] = cells
-    for name, cells in TARGETED.items():
+    for name, cells in {**TARGETED, **LIMITS}.items():
         corpus[name] = {**full, **cells}
 
     def duplicate(gid):

@@ -286,13 +286,36 @@ def without_expected(test: str) -> str:
     answer (the reference's run keeps them; tools/judge.py compares)."""
     class Strip(ast.NodeTransformer):
         def visit_Call(self, node):
-            self.generic_visit(node)
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            for child in [*node.args, *node.keywords]:
+                self.visit(child)
+            if isinstance(node.func, ast.Attribute):
+                self.visit(node.func.value)
             if name in CHECKS_WITH_EXPECTED:
+                if len(node.args) > 2 or any(k.arg is None for k in node.keywords) or any(
+                        isinstance(a, ast.Starred) for a in node.args):
+                    raise ValueError(f"line {node.lineno}: call {name} as {name}(actual, expected, ...): "
+                                     "the grader must find its expected value to remove it")
                 if len(node.args) >= 2:
                     node.args[1] = ast.Constant(None)
                 node.keywords = [ast.keyword("expected", ast.Constant(None)) if k.arg == "expected" else k
                                  for k in node.keywords]
+            return node
+
+        def visit_Name(self, node):  # `check = grading.assert_close` would hide a call from the grader
+            if node.id in CHECKS_WITH_EXPECTED:
+                raise ValueError(f"line {node.lineno}: {node.id} is used other than called")
+            return node
+
+        def visit_alias(self, node):
+            if node.name in CHECKS_WITH_EXPECTED and node.asname not in (None, node.name):
+                raise ValueError(f"{node.name} is imported as {node.asname}: call it by its name")
+            return node
+
+        def visit_Attribute(self, node):
+            if node.attr in CHECKS_WITH_EXPECTED:
+                raise ValueError(f"line {node.lineno}: {node.attr} is used other than called")
+            self.generic_visit(node)
             return node
     with PARSING:
         tree = ast.parse(test)
@@ -571,8 +594,12 @@ def grade_student(course, assignment, student, template, source, release, secret
                        else f"used more than its CPU time" if run.killed else f"failed ({run.stderr[-300:]})")
                 note = "; ".join(filter(None, [renamed, f"its notebook run {why}; the feedback shows it as submitted"]))
         records = {}
-        for who, job in (("reference", hidden_test_job(source, source, secret, timeout, reference=True)),
-                         ("student", hidden_test_job(source, submission, secret, timeout))):
+        try:
+            jobs = (("reference", hidden_test_job(source, source, secret, timeout, reference=True)),
+                    ("student", hidden_test_job(source, submission, secret, timeout)))
+        except (ValueError, SyntaxError) as error:
+            return None, ran, f"the exercise's tests cannot be graded (fix them in solutions/): {error}", note, flags
+        for who, job in jobs:
             records[who], problem = run_hidden_tests(Path(scratch) / who, job, sandbox, timeout)
             if problem:
                 return None, ran, f"the hidden-test runner ({who}) {problem}", note, flags

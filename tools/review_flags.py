@@ -50,6 +50,8 @@ SUSPECT_NAMES = {
     "multiprocessing": "starts processes", "subprocess": "starts processes", "pty": "starts processes",
     "__builtins__": "changes built-ins", "builtins": "changes built-ins", "__class__": "changes an object's class",
     "__subclasses__": "walks the class tree", "__dict__": "reaches into objects' dictionaries",
+    "mpcourse": ("uses the course library, whose reference implementations the own-work check watches "
+                 "for (an observation the answer's process could forge)"),
 }
 SUSPECT_TEXT = {"/proc": "reads /proc", "/dev/fd": "reads file descriptors", "/sys": "reads /sys",
                 "gradebook": "mentions the gradebook", ".db": "mentions a database file", "sqlite": "opens databases",
