@@ -318,15 +318,19 @@ def test_clip_before_unscale(scaler_kind, device):
         watched(model, optimizer, scaler, amp_loop(model, optimizer, scaler, device, clip="after")))
 
 
+def small_sgd_run(scaler_kind: str, device):
+    """A one-layer MLP, SGD and a scaler of `scaler_kind`: the set-up of the scaler-misuse tests."""
+    model = mlp(1, 8, device=device)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01), SCALERS[scaler_kind](device)
+
+
 def misuse(report) -> list:
     return [f.message for f in report.findings if f.code == "scaler-misuse"]
 
 
 @pytest.mark.parametrize("scaler_kind", ["GradScaler", "DynamicLossScaler"])
 def test_the_optimizer_stepping_scaled_gradients_is_scaler_misuse(scaler_kind, device):
-    model = mlp(1, 8, device=device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    scaler = SCALERS[scaler_kind](device)
+    model, optimizer, scaler = small_sgd_run(scaler_kind, device)
 
     def step(i):
         x, y = batch(i, device)
@@ -342,9 +346,7 @@ def test_the_optimizer_stepping_scaled_gradients_is_scaler_misuse(scaler_kind, d
 
 @pytest.mark.parametrize("scaler_kind", ["GradScaler", "DynamicLossScaler"])
 def test_step_without_scale_is_scaler_misuse(scaler_kind, device):
-    model = mlp(1, 8, device=device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    scaler = SCALERS[scaler_kind](device)
+    model, optimizer, scaler = small_sgd_run(scaler_kind, device)
     correct = amp_loop(model, optimizer, scaler, device)
 
     def step(i):
@@ -370,9 +372,7 @@ def test_step_without_scale_is_scaler_misuse(scaler_kind, device):
 @pytest.mark.parametrize("mistake", ["unscale twice", "update skipped", "update per micro-batch"])
 def test_scaler_call_order_mistakes_are_named_and_the_exception_propagates(mistake, scaler_kind,
                                                                            device):
-    model = mlp(1, 8, device=device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    scaler = SCALERS[scaler_kind](device)
+    model, optimizer, scaler = small_sgd_run(scaler_kind, device)
 
     def step(i):
         x, y = batch(i, device)
