@@ -3,15 +3,15 @@
 Every graded test cell of an exercise notebook has the same shape::
 
     grading.start("Part 2")          # checks nothing the tests rely on was tampered with
-    assert ..., "a message that says what is wrong"
+    grading.assert_close(f(x), expected, rtol=1e-6, what="f(x)")   # or assert_equal, raises, ...
     ### BEGIN HIDDEN TESTS            (only in the instructor's source)
     ...
     ### END HIDDEN TESTS
-    grading.passed("Part 2")          # prints a green tick; reached only if every assert held
+    grading.passed("Part 2")          # prints a green tick; reached only if every check held
 
-nbgrader gives a test cell its points when it runs without an error, so the asserts do the
-grading. Run top to bottom, on Colab or anywhere else, the same cells tell a student which parts
-already pass, with no Jupyter extension. `summary()` prints the parts checked so far, and says that
+In a notebook a check that fails raises, with a message that says what is wrong. Run top to
+bottom, on Colab or anywhere else, the same cells tell a student which parts already pass, with
+no Jupyter extension. `summary()` prints the parts checked so far, and says that
 the hidden tests also try other and bad inputs. `raises(TypeError, f, x)` checks a bad input and
 says, when it fails, the real call, what it did and the exception expected.
 

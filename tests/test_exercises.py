@@ -347,8 +347,10 @@ def test_hidden_tests_get_their_answer_cells_and_the_instructors_tests_only():
     tests = {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"]) for c in source["cells"]
              if c["metadata"].get("nbgrader", {}).get("grade_id") in points(HOSTILE_TARGET)}
     assert [part["test_id"] for part in job["parts"]] == list(points(HOSTILE_TARGET))
-    for part in job["parts"]:
-        assert part["test"] == tests[part["test_id"]]
+    reference = grader.hidden_test_job(source, source, "s3cret", 5, reference=True)
+    for part, theirs in zip(job["parts"], reference["parts"]):
+        assert part["test"] == grader.without_expected(tests[part["test_id"]])  # the instructor's, less expected values
+        assert theirs["test"] == tests[part["test_id"]]
         assert all(autograde.part_of(cell) <= autograde.part_of(part["test_id"]) for cell, _ in part["cells"])
     assert job["secret"] == "s3cret"
 
