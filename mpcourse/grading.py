@@ -476,7 +476,7 @@ def shown_data(record, width: int = 80) -> str:
     elif "tuple" in record or "list" in record:
         items = record.get("tuple", record.get("list")) or []
         inner = ", ".join(shown_data(v, width) for v in items[:8]) + (", ..." if len(items) > 8 else "")
-        text = f"({inner})" if "tuple" in record else f"[{inner}]"
+        text = (f"({inner},)" if len(items) == 1 else f"({inner})") if "tuple" in record else f"[{inner}]"
     elif "other" in record:
         text = f"<{record['other']}>"
     else:

@@ -61,7 +61,7 @@ def run(assignment: str, answers: dict[str, str] | None = None, visible: bool = 
 def runner(job: dict) -> dict:
     """tools/hidden_tests.py's record of `job`, run here without a sandbox."""
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "hidden_tests.py"), "-"], input=json.dumps(job),
-                            capture_output=True, text=True, cwd=tempfile.gettempdir(), env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                            capture_output=True, text=True, cwd=tempfile.gettempdir(), env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
     line = result.stdout.strip().rsplit("\n", 1)[-1]
     assert line.startswith("RESULT "), result.stderr[-2000:]
     return json.loads(line.removeprefix("RESULT "))

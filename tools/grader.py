@@ -611,10 +611,11 @@ def grade_student(course, assignment, student, template, source, release, secret
 
 def run_hidden_tests(folder: Path, job: dict, sandbox: bool, timeout: int) -> tuple[dict | None, str | None]:
     """(record of each part, None) from tools/hidden_tests.py run on `job` in a sandbox of its own, or
-    (None, why not). The record leaves on the result pipe, as JSON: data, never code."""
+    (None, why not). The record leaves on the result pipe, as JSON: data, never code. Both runs hash
+    strings alike (PYTHONHASHSEED=0), so a test that walks a set checks in the same order in each."""
     folder.mkdir()
     shutil.copy(TOOLS / "hidden_tests.py", folder / "hidden_tests.py")
-    run = run_sandboxed(["/bin/sh", "-c", 'exec python "$GRADING/hidden_tests.py" - >&3 3>&-'], folder=folder,
+    run = run_sandboxed(["/bin/sh", "-c", 'exec env PYTHONHASHSEED=0 python "$GRADING/hidden_tests.py" - >&3 3>&-'], folder=folder,
                         limits=hidden_test_limits(len(job["parts"]), timeout), sandbox=sandbox,
                         stdin=json.dumps({**job, "sandboxed": sandbox}).encode())
     line = run.result.decode(errors="replace").strip().rsplit("\n", 1)[-1] if run.returncode == 0 else ""
