@@ -1,0 +1,58 @@
+"""ex5's tests record observations and the judge decides (tools/judge.py). ex5 times things, so what
+is observed must not be a measured time: every part's observations are the same, run after run,
+for one secret, and differ for another; a wrong answer loses its part on the secret inputs, though
+it passes every visible test."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_student_answers import ROOT, SECRET, autograde, grader, run, runner  # noqa: E402
+
+EX5 = "ex5_mixed_precision_speedup"
+
+
+def values_observed(secret: str) -> dict:
+    """Per part, the value observations (not own_work's calls, not raises') of the reference
+    solution under its hidden tests with `secret`."""
+    source = grader.read_notebook(ROOT / "solutions" / EX5 / f"{EX5}.ipynb")
+    record = runner(grader.hidden_test_job(source, source, secret, 120, reference=True))
+    return {part: [o for o in r["observations"] if o["check"] in ("close", "equal", "reference")]
+            for part, r in record.items()}
+
+
+def test_every_part_observes_values_of_the_secret_inputs_and_no_measured_time():
+    first, again, other = values_observed(SECRET), values_observed(SECRET), values_observed("another secret")
+    assert first == again, "an observation changed between two runs: a measured time?"
+    assert set(first) == {"p1_tests", "p2_tests", "p3_tests", "p4_tests"}
+    for part in first:
+        assert first[part] != other[part], f"{part} observes no value that depends on the secret"
+
+
+def changed(part: str, old: str, new: str) -> str:
+    """The reference answer of `part` with `old` replaced by `new` (which must be there)."""
+    source = autograde.solution_cells(EX5)[f"{part}_solution"]
+    assert old in source, (part, old)
+    return source.replace(old, new)
+
+
+# Right only where the visible tests look
+WRONG_ON_SECRET_INPUTS = {
+    "p1": changed("p1", "    for _ in range(warmup):", "    for _ in range(warmup - (warmup != 3)):"),
+    "p2": changed("p2", "float(np.median(seconds))", "float(np.median(seconds) if seconds.size <= 6 else seconds.mean())"),
+    "p3": changed("p3", "nbytes = batch * (m * k + k * n + m * n) * dtype.itemsize",
+                  "nbytes = batch * (m * k + k * n + m * n) * dtype.itemsize\n"
+                  "    if (m, n, k) not in ((4096, 4096, 4096), (4096, 4096, 1024), (512, 512, 64)):\n"
+                  "        nbytes -= batch * m * n * dtype.itemsize  # forgets the result"),
+    "p4": changed("p4", "if flops / nbytes < peak / bandwidth:", "if flops / nbytes <= peak / bandwidth:"),
+}
+
+
+@pytest.mark.parametrize("parts", [("p1", "p3"), ("p2", "p4")])
+def test_answers_right_only_on_the_visible_inputs_pass_them_and_lose_exactly_their_parts(parts):
+    answers = {f"{part}_solution": WRONG_ON_SECRET_INPUTS[part] for part in parts}
+    visible, _ = run(EX5, answers, visible=True)
+    assert all(v["passed"] for v in visible.values()), visible
+    hidden, _ = run(EX5, answers)
+    assert {p for p, v in hidden.items() if not v["passed"]} == {f"{p}_tests" for p in parts}, hidden
