@@ -477,6 +477,11 @@ def shown_data(record, width: int = 80) -> str:
         items = record.get("tuple", record.get("list")) or []
         inner = ", ".join(shown_data(v, width) for v in items[:8]) + (", ..." if len(items) > 8 else "")
         text = (f"({inner},)" if len(items) == 1 else f"({inner})") if "tuple" in record else f"[{inner}]"
+    elif "dict" in record:
+        pairs = record["dict"] if isinstance(record["dict"], list) else []
+        inner = ", ".join(f"{shown_data(pair[0], width)}: {shown_data(pair[1], width)}" for pair in pairs[:6]
+                          if isinstance(pair, list) and len(pair) == 2) + (", ..." if len(pairs) > 6 else "")
+        text = "{" + inner + "}"
     elif "other" in record:
         text = f"<{record['other']}>"
     else:
