@@ -1,0 +1,33 @@
+"""ex2's grade comes from the judge: an answer that is right on the visible inputs only, or that
+skips one input check the hidden tests grade, loses its part (tests/test_student_answers.py checks
+that an answer checking no input fails ex2's visible tests)."""
+import pytest
+
+from tests.test_observed_ex1_precision_comparison import judged
+from tests.test_student_answers import autograde
+
+EX = "ex2_loss_scaling"
+
+# (part, what is wrong, the solution's text, the broken text): each passes the visible tests
+# (checked when they were written; not here, to keep this file fast).
+BROKEN = [
+    ("p1", "counts one element wrong beyond the visible inputs", "return survived.double().mean().item()",
+     "return survived.double().mean().item() if values.numel() < 100 else survived[1:].double().mean().item()"),
+    ("p2", "decides on S g instead of the FP16 value stored",
+     "if bool((stored >= torch.finfo(torch.float16).tiny).all()):",
+     "if bool((nonzero.abs() * scale >= torch.finfo(torch.float16).tiny).all()):"),
+    ("p3", "does not round init_scale to float32", "scale = float(torch.tensor(init_scale, dtype=torch.float32))",
+     "scale = float(init_scale)"),
+    ("p4", "looks at the last gradient only for inf and NaN",
+     "found_inf = not all(bool(torch.isfinite(grad).all()) for grad in grads16)",
+     "found_inf = not bool(torch.isfinite(grads16[-1]).all())"),
+    ("p4", "accepts FP16 master weights", "        if master.dtype != torch.float32:\n", "        if False:\n"),
+]
+
+
+@pytest.mark.parametrize("part, wrong, text, broken", BROKEN, ids=[f"{p}-{w[:30]}" for p, w, _, _ in BROKEN])
+def test_a_wrong_answer_that_passes_the_visible_tests_loses_its_part(part, wrong, text, broken):
+    solution = autograde.solution_cells(EX)[f"{part}_solution"]
+    assert text in solution
+    verdict = judged(EX, {f"{part}_solution": solution.replace(text, broken)}, only=part)[f"{part}_tests"]
+    assert not verdict["passed"], f"{part}: an answer that {wrong} passed"
