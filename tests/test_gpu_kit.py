@@ -47,7 +47,8 @@ def _third_party_imports() -> dict[str, set[str]]:
                 code = "".join(cell["source"])
                 code = re.sub(r"^(\s*)[%!].*$", r"\1pass", code, flags=re.MULTILINE)  # magics
                 sources.append((notebook, code))
-    local = {p.stem for p in ROOT.iterdir()} | {p.stem for p in (ROOT / "tools").glob("*.py")}
+    local = {p.stem for p in ROOT.iterdir()} | {p.stem for p in (ROOT / "tools").glob("*.py")} | {
+        p.stem for p in (ROOT / "tests").glob("*.py")}  # a test module importing another's helpers
     modules: dict[str, set[str]] = {}
     for path, code in sources:
         for node in ast.walk(ast.parse(code)):
