@@ -1,14 +1,23 @@
 """The course's gradebook (nbgrader's): registering an assignment, writing each student's grade
 and feedback notebook as soon as it is known, and the instructor's secret.
 
-    register(course, assignment)          # the assignment, its notebook, points and cells
+    prepare(course, assignment, url)      # once, before shards start: the schema, the assignment, the students
+    register(course, assignment, url)     # the assignment, its notebook, points and cells
+    graded_students(gradebook, assignment, points) -> {students with every part's grade written}
     record(gradebook, course, assignment, student, result, ...)  # one student, from the scheduler
+
+The gradebook is SQLite (`gradebook.db` in the course) on one machine, or any database nbgrader's
+`CourseDirectory.db_url` names: PostgreSQL (`postgresql+psycopg://user@host/database`) where
+several machines grade one assignment at once. One writer per grading process (the scheduler's
+thread); each student's rows are written in a transaction of their own, retried if the database
+is busy, so that shards (each with its own students) never write the same rows.
 """
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -16,13 +25,49 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grader import (ENV, PLACEHOLDER_SECRET, feedback_notebook, nbgrader_command, safe_message,  # noqa: E402
                     write_private)
 
+RETRIES = 8  # a busy database (SQLite locked by another process, a PostgreSQL conflict): tries per student
 
-def registered(course: Path, assignment: str) -> bool:
+
+def db_url(course: Path, url: str | None = None) -> str:
+    """The gradebook's address: `url`, else the course's `c.CourseDirectory.db_url`
+    (nbgrader_config.py), else SQLite in the course (nbgrader's default). A relative SQLite path
+    is the course's, as for nbgrader (run in the course directory)."""
+    if not url and (course / "nbgrader_config.py").exists():
+        from traitlets.config.loader import PyFileConfigLoader
+        config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+        url = str(config.CourseDirectory.get("db_url") or "")
+    url = url or "sqlite:///gradebook.db"
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        url = f"sqlite:///{course / url.removeprefix('sqlite:///')}"
+    return url
+
+
+def without_password(url: str) -> str:
+    """The address without its password, for messages."""
+    from sqlalchemy.engine import make_url
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def nbgrader_in(course: Path, *args: str, url: str | None = None) -> subprocess.CompletedProcess:
+    """An nbgrader command in `course`, on the gradebook at `url` (else the course's own)."""
+    extra = [f"--CourseDirectory.db_url={url}"] if url else []
+    return subprocess.run(nbgrader_command(*args, *extra), cwd=course, env=ENV, capture_output=True, text=True)
+
+
+def registered(course: Path, assignment: str, url: str | None = None) -> bool:
     """Whether the course's gradebook knows `assignment` (grades can be written for it)."""
     from nbgrader.api import Gradebook, MissingEntry
-    if not (course / "gradebook.db").exists():
+    from sqlalchemy import create_engine, inspect
+    url = db_url(course, url)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
         return False
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+    engine = create_engine(url)
+    try:
+        if "notebook" not in inspect(engine).get_table_names():  # no schema: nothing prepared there
+            return False
+    finally:
+        engine.dispose()
+    with Gradebook(url) as gradebook:
         try:
             gradebook.find_notebook(assignment, assignment)
         except MissingEntry:
@@ -30,19 +75,52 @@ def registered(course: Path, assignment: str) -> bool:
     return True
 
 
-def register(course: Path, assignment: str) -> None:
+def register(course: Path, assignment: str, url: str | None = None) -> None:
     """Put `assignment` (its notebook, points and cells) in the course's gradebook as `nbgrader
     generate_assignment` does, without touching exercises/ (the release goes to a scratch folder):
     `make exercises` registers nothing, it uses a scratch gradebook."""
     with tempfile.TemporaryDirectory(prefix="registration-") as scratch:
-        result = subprocess.run(nbgrader_command("generate_assignment", assignment, "--force",
-                                                 f"--CourseDirectory.release_directory={scratch}"),
-                                cwd=course, env=ENV, capture_output=True, text=True)
-    if result.returncode != 0 or not registered(course, assignment):
-        raise RuntimeError(f"could not register {assignment} in {course / 'gradebook.db'}: nbgrader said\n"
+        result = nbgrader_in(course, "generate_assignment", assignment, "--force",
+                             f"--CourseDirectory.release_directory={scratch}", url=url)
+    if result.returncode != 0 or not registered(course, assignment, url):
+        raise RuntimeError(f"could not register {assignment} in {without_password(db_url(course, url))}: nbgrader said\n"
                            f"{result.stdout[-1500:]}{result.stderr[-1500:]}\nFix that, then run, in {course}:\n"
                            f"  nbgrader generate_assignment {assignment} --force "
                            f"--CourseDirectory.release_directory=/tmp/{assignment}-release")
+
+
+def submitters(course: Path, assignment: str) -> list[str]:
+    """The students with a submission of `assignment` in submitted/."""
+    return sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
+
+
+def prepare(course: Path, assignment: str, url: str | None = None) -> list[str]:
+    """Once, before the shards of a grading start: the gradebook's schema, `assignment` and every
+    student who handed it in, so that no two shards ever create the same rows. Returns the students."""
+    from nbgrader.api import Gradebook
+    register(course, assignment, url)
+    students = submitters(course, assignment)
+    with Gradebook(db_url(course, url)) as gradebook:
+        for student in students:
+            gradebook.update_or_create_student(student)
+    return students
+
+
+def graded_students(gradebook, assignment: str, points: dict) -> set[str]:
+    """The students of `assignment` whose every test cell in `points` has its grade written (a
+    run stopped half-way through a student's rows leaves that student ungraded)."""
+    from nbgrader.api import Assignment, Grade, GradeCell, SubmittedAssignment, SubmittedNotebook
+    rows = (gradebook.db.query(SubmittedAssignment.student_id, GradeCell.name, Grade.auto_score)
+            .join(Assignment, SubmittedAssignment.assignment_id == Assignment.id)
+            .join(SubmittedNotebook, SubmittedNotebook.assignment_id == SubmittedAssignment.id)
+            .join(Grade, Grade.notebook_id == SubmittedNotebook.id)
+            .join(GradeCell, Grade.cell_id == GradeCell.id)
+            .filter(Assignment.name == assignment).all())
+    written: dict = {}
+    for student, cell, score in rows:
+        if score is not None:
+            written.setdefault(student, set()).add(cell)
+    return {student for student, cells in written.items() if set(points) <= cells}
 
 
 SECRET_VARIABLE = "MPCOURSE_GRADING_SECRET"
@@ -84,9 +162,10 @@ def instructor_secret(course: Path) -> str:
     return secret
 
 
-def record(gradebook, course, assignment, student, result, points, release, report, *, secrets, hidden_lines):
-    """Write one student's points to the gradebook, their feedback notebook to autograded/ and what
-    the instructor must know to `report`."""
+def record(gradebook, course, assignment, student, result, points, release, report, *, secrets, hidden_lines,
+           feedback=True):
+    """Write one student's points to the gradebook, their feedback notebook to autograded/ (unless
+    not `feedback`: the one there stays) and what the instructor must know to `report`."""
     verdicts, ran, problem, note, flags = result
     verdicts = verdicts or {}
     if flags:
@@ -98,12 +177,8 @@ def record(gradebook, course, assignment, student, result, points, release, repo
     scores = {t: (p if verdicts.get(t, {}).get("passed") is True else 0.0) for t, p in points.items()}
     report.scores[student] = scores
     report.messages[student] = {t: str(v.get("message"))[:2000] for t, v in verdicts.items() if not v.get("passed")}
-    gradebook.update_or_create_student(student)
-    gradebook.update_or_create_submission(assignment, student)
-    for test, score in scores.items():
-        gradebook.find_grade(test, assignment, assignment, student).auto_score = score
-    gradebook.db.commit()
-    if ran is not None:
+    write_grades(gradebook, assignment, student, scores)
+    if ran is not None and feedback:
         shown = {t: {"passed": v.get("passed") is True,
                      "message": safe_message(v.get("message", ""), secrets=secrets, hidden_lines=hidden_lines)}
                  for t, v in verdicts.items()}
@@ -112,3 +187,24 @@ def record(gradebook, course, assignment, student, result, points, release, repo
             if path.is_symlink():
                 raise ValueError(f"{path} is a symbolic link: the grader writes no feedback through it")
         write_private(folder / f"{assignment}.ipynb", json.dumps(feedback_notebook(ran, release, points, shown), indent=1))
+
+
+def write_grades(gradebook, assignment: str, student: str, scores: dict) -> None:
+    """One student's rows, committed; tried again after a pause while the database is busy (another
+    process holds SQLite's lock, or PostgreSQL reports a conflict). A student whose rows are not all
+    written stays ungraded (`graded_students`), so that the next run grades them again."""
+    from nbgrader.api import InvalidEntry
+    from sqlalchemy.exc import IntegrityError, OperationalError
+    for attempt in range(RETRIES):
+        try:
+            gradebook.update_or_create_student(student)
+            gradebook.update_or_create_submission(assignment, student)
+            for test, score in scores.items():
+                gradebook.find_grade(test, assignment, assignment, student).auto_score = score
+            gradebook.db.commit()
+            return
+        except (OperationalError, IntegrityError, InvalidEntry):
+            gradebook.db.rollback()
+            if attempt == RETRIES - 1:
+                raise
+            time.sleep(min(0.05 * 2 ** attempt, 5))

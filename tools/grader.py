@@ -88,7 +88,15 @@ def run_sandboxed(command: list[str], *, folder: Path, limits, sandbox: bool, st
     files = {f"/grading/{entry.name}": entry for entry in sorted(folder.iterdir())}
     return sandboxing.run(command, show=python_environment(), files=files, limits=limits, stdin=stdin,
                           env={"PYTHONPATH": str(ROOT), "GRADING": "/grading" if sandbox else str(host),
-                               "WORK": "/tmp" if sandbox else str(host / "work")}, sandbox=sandbox)
+                               "WORK": "/tmp" if sandbox else str(host / "work"), **threads(limits)}, sandbox=sandbox)
+
+
+def threads(limits) -> dict:
+    """As many maths threads as the sandbox has CPUs (`limits.cpus`, its cgroup's share): torch,
+    OpenMP, MKL and OpenBLAS would otherwise start one per core of the machine, and threads beyond
+    the share only wait for each other, slowing an honest part when students are graded side by side."""
+    count = str(max(1, int(limits.cpus)))
+    return {name: count for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
 
 
 class BrokenEnvironment(RuntimeError):

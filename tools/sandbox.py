@@ -50,6 +50,7 @@ ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf"
        "mime.types")
 TAIL = 20_000
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+STOP = threading.Event()  # set: every sandbox running ends now (the grader was stopped)
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class Outcome:
     result: bytes                     # what the command wrote on fd 3
     stdout: str                       # the last TAIL characters
     stderr: str
-    killed: str = ""                  # which limit ended it ("", "time", "cpu time")
+    killed: str = ""                  # which limit ended it ("", "time", "cpu time"), or "stopped" (STOP)
     cpu_seconds: float | None = None  # of the whole tree, where cgroups measure it
     wall_seconds: float = 0.0
 
@@ -298,6 +299,8 @@ def run(command: list[str], *, show=(), files=None, limits: Limits, stdin: bytes
                 killed = "time"
             elif used is not None and used > limits.cpu_seconds:
                 killed = "cpu time"
+            elif STOP.is_set():
+                killed = "stopped"
             if killed:
                 _kill(process, cgroups)
                 break
