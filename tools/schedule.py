@@ -106,6 +106,15 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
     from nbgrader.api import Gradebook
     course = Path(course).resolve()
     workers = workers or default_jobs()
+    handed_in = submitters(course, assignment)
+    unknown = sorted(set(students or ()) - set(handed_in))
+    if unknown:
+        raise ValueError(f"no submission of {assignment} from {', '.join(unknown)} "
+                         f"(looked for submitted/<student>/{assignment}/)")
+    url = db_url(course, url)
+    if shard and not registered(course, assignment, url):  # two shards registering at once would write the same rows
+        raise NotPrepared(f"{assignment} is not in the gradebook {without_password(url)}: run, once, before "
+                          f"the shards start:\n  python tools/autograde.py prepare {assignment} --course {course}")
     problem = sandbox_problem() if sandbox else None
     if problem:
         raise NoSandbox(f"refusing to grade without a sandbox: {problem}. A submission could then read "
@@ -123,22 +132,13 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
     broken = environment_problem(sandbox)
     if broken:
         raise BrokenEnvironment(f"refusing to grade: {broken}.")
-    handed_in = submitters(course, assignment)
-    unknown = sorted(set(students or ()) - set(handed_in))
-    if unknown:
-        raise ValueError(f"no submission of {assignment} from {', '.join(unknown)} "
-                         f"(looked for submitted/<student>/{assignment}/)")
     students = [s for s in (students or handed_in) if shard is None or in_shard(s, shard)]
     source = read_notebook(course / "solutions" / assignment / f"{assignment}.ipynb")
     release = read_notebook(course / "exercises" / assignment / f"{assignment}.ipynb")
     points = {grade_id(c): float(c["metadata"]["nbgrader"]["points"]) for c in source["cells"]
               if grade_id(c) and c["metadata"]["nbgrader"].get("grade") and c["cell_type"] == "code"}
     secret = instructor_secret(course)
-    url = db_url(course, url)
     if not registered(course, assignment, url):  # before grading anyone: the grades need somewhere to go
-        if shard:  # two shards registering at once would write the same rows
-            raise NotPrepared(f"{assignment} is not in the gradebook {without_password(url)}: run, once, before "
-                              f"the shards start:\n  python tools/autograde.py prepare {assignment} --course {course}")
         print(f"registering {assignment} in {without_password(url)} (first grading of it)", file=sys.stderr, flush=True)
         register(course, assignment, url)
     hidden_lines = hidden_test_lines(source)
@@ -155,7 +155,8 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
             done = graded_students(gradebook, assignment, points)
             report.skipped = [s for s in students if s in done]
             students = [s for s in students if s not in done]
-        template = template_course(course, assignment, Path(scratch)) if students else None
+        runs = execute is True or bool(set(execute or ()) & set(students))  # a notebook run needs the release's course
+        template = template_course(course, assignment, Path(scratch)) if students and runs else None
         secrets = {s: hashlib.sha256(f"{secret}:{assignment}:{s}".encode()).hexdigest() for s in students}
         began = time.monotonic()
         with ThreadPoolExecutor(workers) as pool, progress_bar(assignment, len(students), progress) as bar:
