@@ -75,6 +75,7 @@ class Outcome:
     killed: str = ""                  # which limit ended it ("", "time", "cpu time"), or "stopped" (STOP)
     cpu_seconds: float | None = None  # of the whole tree, where cgroups measure it
     wall_seconds: float = 0.0
+    memory_bytes: int | None = None   # the whole tree's peak memory (/tmp included), where cgroups measure it
 
 
 def problem() -> str | None:
@@ -201,6 +202,13 @@ def cpu_used(cgroups: dict[str, Path]) -> float | None:
         return None
 
 
+def memory_peak(cgroups: dict[str, Path]) -> int | None:
+    try:
+        return int((cgroups["memory"] / "memory.max_usage_in_bytes").read_text())
+    except (KeyError, OSError, ValueError):
+        return None
+
+
 def remove_cgroups(cgroups: dict[str, Path]) -> None:
     for _ in range(50):  # kill whatever is left, until nothing is
         pids = cgroup_pids(cgroups)
@@ -312,7 +320,7 @@ def run(command: list[str], *, show=(), files=None, limits: Limits, stdin: bytes
         text = {k: (v[0] if v else b"") for k, v in readers.items()}
         return Outcome(None if killed else process.returncode, text["result"],
                        text["stdout"].decode(errors="replace"), text["stderr"].decode(errors="replace"),
-                       killed, cpu_used(cgroups), time.monotonic() - started)
+                       killed, cpu_used(cgroups), time.monotonic() - started, memory_peak(cgroups))
     finally:
         for read, write in pipes.values():  # only if it could not start
             os.close(read)
