@@ -135,7 +135,7 @@ def main() -> None:
 
     steps = per_student(*results[jobs[0]])
     print(f"\nseconds per student at --jobs {jobs[0]}: " +
-          ", ".join(f"{step} {seconds:.1f}" for step, seconds in steps.items()))
+          ", ".join(f"{step} {seconds:.2f}" for step, seconds in steps.items()))
     memory = results[jobs[0]][1].memory
     print("peak memory of one sandbox: " + ", ".join(f"{step} {peak / 2**20:.0f} MiB" for step, peak in memory.items()) +
           f" (schedule.JOB_MEMORY, the --jobs default's unit: {schedule.JOB_MEMORY / 2**20:.0f} MiB)")

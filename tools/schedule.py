@@ -31,8 +31,10 @@ from grader import (BrokenEnvironment, NoSandbox, environment_problem, grade_id,
 from gradebook import (db_url, graded_students, instructor_secret, record, register, registered,  # noqa: E402
                        submitters, without_password)
 
-# What one student's grading holds in memory at its peak (the feedback run: nbgrader and a kernel,
-# each with torch), with room to spare; `default_jobs` runs no more students than memory holds.
+# Memory set aside per student graded at once: `default_jobs` runs no more than memory holds. An
+# honest student's heaviest step, the feedback run (nbgrader and a kernel, each with torch), peaked
+# at about 300 MiB (benchmarks/bench_grading.py); a sandbox may take up to its cgroup's limit
+# (sandbox.Limits.memory_bytes, 4 GiB), which few students reach at once: 2 GiB between the two.
 JOB_MEMORY = 2 * 2**30
 
 
