@@ -82,11 +82,17 @@ def test_default_jobs_is_one_per_core_as_many_as_memory_holds(monkeypatch):
     assert schedule.default_jobs() == cores
 
 
-def test_each_sandbox_gets_as_many_maths_threads_as_cpus():
+def test_each_sandbox_gets_as_many_maths_threads_as_cpus(tmp_path):
     import sandbox
     assert grader.threads(sandbox.Limits(10, 10)) == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                                                       "OPENBLAS_NUM_THREADS": "1"}
     assert grader.threads(sandbox.Limits(10, 10, cpus=2.0))["OMP_NUM_THREADS"] == "2"
+    if NO_SANDBOX:
+        pytest.skip(f"no sandbox here: {NO_SANDBOX}")
+    (tmp_path / "work").mkdir()
+    run = grader.run_sandboxed(["python", "-c", "import torch; print(torch.get_num_threads())"], folder=tmp_path,
+                               limits=sandbox.Limits(120, 120), sandbox=True)
+    assert run.returncode == 0 and run.stdout.split() == ["1"], run.stderr[-2000:]
 
 
 class StandIn:
