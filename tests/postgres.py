@@ -52,7 +52,8 @@ def free_port() -> int:
 class Server:
     def __init__(self):
         self.port = free_port()
-        self.folder = Path(tempfile.mkdtemp(prefix="mpcourse-postgres-"))
+        # In /tmp itself: the postgres user must reach the folder (a $TMPDIR may sit in a private one).
+        self.folder = Path(tempfile.mkdtemp(prefix="mpcourse-postgres-", dir="/tmp" if os.path.isdir("/tmp") else None))
         self.data = self.folder / "data"
         self.user = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
 
