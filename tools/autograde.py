@@ -700,6 +700,7 @@ if __name__ == "__main__":
                         help="grade without bubblewrap: DANGEROUS, a submission can then change other "
                              "students' work and the gradebook")
     args = parser.parse_args()
+    from sqlalchemy.exc import OperationalError
     if args.jobs is not None and args.jobs < 1:
         parser.error("--jobs: at least 1")
     if args.command == "release":
@@ -719,9 +720,14 @@ if __name__ == "__main__":
             except (grader.NoSandbox, grader.BrokenEnvironment, grader.SecretError, schedule.NotPrepared,
                     ValueError) as error:
                 sys.exit(f"autograde.py grade {name}: {error}")  # a sentence, not a traceback
+            except OperationalError as error:
+                sys.exit(f"autograde.py grade {name}: the gradebook cannot be reached: {error.orig}")
     elif args.command == "prepare":
         for name in args.assignments or parser.error("prepare: name the assignments"):
-            prepare(args.course.resolve(), name, args.db_url)
+            try:
+                prepare(args.course.resolve(), name, args.db_url)
+            except OperationalError as error:
+                sys.exit(f"autograde.py prepare {name}: the gradebook cannot be reached: {error.orig}")
     elif args.command == "collect":
         if not (args.lms and args.zip and len(args.assignments) == 1):
             parser.error("collect: one assignment, --lms canvas|moodle and --zip FILE")

@@ -98,6 +98,12 @@ def prepare(course: Path, assignment: str, url: str | None = None) -> list[str]:
     """Once, before the shards of a grading start: the gradebook's schema, `assignment` and every
     student who handed it in, so that no two shards ever create the same rows. Returns the students."""
     from nbgrader.api import Gradebook
+    from sqlalchemy import create_engine
+    engine = create_engine(db_url(course, url))
+    try:
+        engine.connect().close()  # an unreachable server: sqlalchemy's OperationalError, before nbgrader's traceback
+    finally:
+        engine.dispose()
     register(course, assignment, url)
     students = submitters(course, assignment)
     with Gradebook(db_url(course, url)) as gradebook:
