@@ -266,3 +266,18 @@ def test_two_shards_meet_in_postgresql_and_a_killed_one_reruns_without_duplicate
             duplicated = book.db.execute(text("SELECT notebook_id, cell_id FROM grade GROUP BY notebook_id, cell_id "
                                               "HAVING count(*) > 1")).all()
             assert duplicated == []
+
+
+@needs_sandbox
+def test_stopping_the_grader_ends_the_sandboxes_still_running():
+    import sandbox
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(sandbox.run(["/bin/sleep", "100"], limits=sandbox.Limits(200, 200))))
+    worker.start()
+    try:
+        time.sleep(1)
+        sandbox.STOP.set()  # what grade() does on Ctrl-C
+        worker.join(60)
+    finally:
+        sandbox.STOP.clear()
+    assert outcome and outcome[0].killed == "stopped" and outcome[0].returncode is None
