@@ -188,15 +188,12 @@ def gradebook_of(course: Path, url: str | None = None):
     return Gradebook(url or f"sqlite:///{course / 'gradebook.db'}")
 
 
-def test_a_shard_refuses_to_start_before_prepare(tmp_path, monkeypatch):
-    course = course_of(tmp_path / "course", {"ada": {}})
-    (course / "gradebook.db").unlink()  # the release made one: a gradebook that never heard of the assignment
-    for name in ("sandbox_problem", "environment_problem"):
-        monkeypatch.setattr(schedule, name, lambda *args: None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(schedule.NotPrepared, match="autograde.py prepare"):
-            grader.grade(course, ASSIGNMENT, shard=(1, 2))
+def test_a_shard_refuses_to_start_before_prepare(tmp_path):
+    course = tmp_path / "course"  # a gradebook that never heard of the assignment
+    (course / "submitted" / "ada" / ASSIGNMENT).mkdir(parents=True)
+    (course / "nbgrader_config.py").write_text((ROOT / "nbgrader_config.py").read_text())
+    with pytest.raises(schedule.NotPrepared, match="autograde.py prepare"):
+        grader.grade(course, ASSIGNMENT, shard=(1, 2))
     assert not grader.registered(course, ASSIGNMENT)
 
 
@@ -218,7 +215,9 @@ def serial(tmp_path_factory):
 
 @needs_sandbox
 def test_two_at_a_time_gives_the_gradebook_one_at_a_time_gives(serial, tmp_path):
-    course = course_of(tmp_path / "course", {k: c for k, c in autograde.submissions(ASSIGNMENT).items() if k in KINDS})
+    import shutil
+    course = tmp_path / "course"  # the same class, not graded yet
+    shutil.copytree(serial[0], course, ignore=shutil.ignore_patterns("gradebook.db", "autograded", "feedback"))
     result = cli("grade", ASSIGNMENT, "--course", str(course), "--jobs", "2", "--no-feedback", "--timeout", "30")
     assert autograde.scores(course, ASSIGNMENT) == serial[1]
     assert "4 students graded in" in result.stderr and "2 at a time" in result.stderr
