@@ -510,7 +510,7 @@ def grade(course: Path, assignment: str, students: dict[str, dict], timeout: int
 
 
 def grade_many(workdir: Path, jobs: dict[str, tuple], workers: int = 1) -> dict:
-    """Grade several scratch courses one after the other (each grades two students at a time):
+    """Grade several scratch courses one after the other (each grades one student per core at a time):
     {name: (assignment, students, timeout[, execute])} -> {name: (scores, Report)}."""
     with ThreadPoolExecutor(workers) as pool:
         futures = {name: pool.submit(grade, workdir / name, *job) for name, job in jobs.items()}
