@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: student book test test-gpu gpu-kit gpu-rehearsal venv exercises grade-demo check-exhaustive bench pretrained sync-notebooks release clean
+.PHONY: student book test test-gpu gpu-kit gpu-rehearsal venv exercises grade-demo check-exhaustive bench bench-grading pretrained sync-notebooks release clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -88,6 +88,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_round_to.py
 	$(BIN)/python benchmarks/bench_optim.py
 	$(BIN)/python benchmarks/bench_doctor.py
+
+# Not part of `make bench` (it needs root and bubblewrap, and grades for minutes): what grading a
+# student costs, step by step, and students per minute at --jobs 1..cores (instructor guide).
+bench-grading: $(STAMP)
+	$(BIN)/python benchmarks/bench_grading.py
 
 # Retrains the pre-trained model shipped in mpcourse/weights/ (deterministic, a few seconds).
 pretrained: $(STAMP)

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import autograde  # noqa: E402
 import grader  # noqa: E402
+import schedule  # noqa: E402
 import sync_colab_cells  # noqa: E402
 
 EXERCISES = ["ex1_precision_comparison", "ex2_loss_scaling", "ex3_dynamic_range",
@@ -332,7 +333,7 @@ def test_the_feedback_runs_no_student_html_and_shows_no_hidden_test(graded):
 
 
 def test_grading_refuses_without_a_sandbox_unless_told(monkeypatch, tmp_path):
-    monkeypatch.setattr(grader, "sandbox_problem", lambda: "no bubblewrap on this machine")
+    monkeypatch.setattr(schedule, "sandbox_problem", lambda: "no bubblewrap on this machine")
     with pytest.raises(grader.NoSandbox, match="no bubblewrap.*--no-sandbox"):
         grader.grade(tmp_path, HOSTILE_TARGET)
 
@@ -689,11 +690,11 @@ def test_without_cgroups_students_are_graded_one_at_a_time(monkeypatch, tmp_path
             pools.append(workers)
             super().__init__(workers)
 
-    monkeypatch.setattr(grader, "ThreadPoolExecutor", Pool)
-    monkeypatch.setattr(grader, "sandbox_problem", lambda: None)
+    monkeypatch.setattr(schedule, "ThreadPoolExecutor", Pool)
+    monkeypatch.setattr(schedule, "sandbox_problem", lambda: None)
     autograde.make_course(tmp_path, [HOSTILE_TARGET])
     for available, expected in ((True, 2), (False, 1)):
-        monkeypatch.setattr(grader.sandboxing, "cgroups_available", lambda: available)
+        monkeypatch.setattr(schedule.sandboxing, "cgroups_available", lambda: available)
         with pytest.warns(UserWarning, match="placeholder"):
             grader.grade(tmp_path, HOSTILE_TARGET, workers=2)
         assert pools[-1] == expected

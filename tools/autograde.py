@@ -6,7 +6,10 @@
     python tools/autograde.py demo [--out grade-demo]
                                                 # `make grade-demo`: a whole grading session
     python tools/autograde.py grade ex4_softmax_stability [--course DIR] [--no-sandbox]
-                                                # grade a real course (tools/grader.py), then feedback
+            [--jobs N] [--student ID ...] [--regrade] [--no-feedback] [--shard K/N] [--db-url URL]
+                                                # grade a real course (tools/schedule.py), then feedback
+    python tools/autograde.py prepare ex4_softmax_stability [--course DIR] [--db-url URL]
+                                                # once, before `grade --shard K/N` on several machines
     python tools/autograde.py collect ex4_softmax_stability --lms canvas|moodle --zip FILE [--course DIR]
                                                 # an LMS download into submitted/ (nbgrader zip_collect)
     python tools/autograde.py pack-feedback ex4_softmax_stability --course DIR --out DIR
@@ -42,6 +45,8 @@ import nbformat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grader  # noqa: E402
+import gradebook  # noqa: E402
+import schedule  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -328,11 +333,11 @@ def nbgrader(course: Path, *args: str, check: bool = True) -> subprocess.Complet
     return result
 
 
-def autograde(course: Path, assignment: str, timeout: int, execute=True, sandbox: bool = True):
-    """Grade every submission of `assignment` with tools/grader.py; return its Report."""
+def autograde(course: Path, assignment: str, timeout: int, execute=True, sandbox: bool = True, **options):
+    """Grade every submission of `assignment` with tools/schedule.py (`options`: its grade()'s); return its Report."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the placeholder secret, SQLAlchemy's notes on nbgrader's API
-        return grader.grade(course, assignment, timeout=timeout, execute=execute, sandbox=sandbox)
+        return grader.grade(course, assignment, timeout=timeout, execute=execute, sandbox=sandbox, **options)
 
 
 def grade_id(cell) -> str | None:
@@ -530,11 +535,11 @@ def make_course(course: Path, names: list[str]) -> None:
         nbgrader(course, "generate_assignment", name, "--force")
 
 
-def scores(course: Path, assignment: str) -> dict[str, dict[str, float]]:
+def scores(course: Path, assignment: str, url: str | None = None) -> dict[str, dict[str, float]]:
     """student -> {test grade_id: score} from the gradebook (the real record of grades)."""
     from nbgrader.api import Gradebook, MissingEntry
     result = {}
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+    with Gradebook(url or f"sqlite:///{course / 'gradebook.db'}") as gradebook:
         for student in gradebook.students:
             try:
                 graded = gradebook.find_submission_notebook(assignment, assignment, student.id)
@@ -555,7 +560,7 @@ def grade(course: Path, assignment: str, students: dict[str, dict], timeout: int
 
 
 def grade_many(workdir: Path, jobs: dict[str, tuple], workers: int = 1) -> dict:
-    """Grade several scratch courses one after the other (each grades two students at a time):
+    """Grade several scratch courses one after the other (each grades one student per core at a time):
     {name: (assignment, students, timeout[, execute])} -> {name: (scores, Report)}."""
     with ThreadPoolExecutor(workers) as pool:
         futures = {name: pool.submit(grade, workdir / name, *job) for name, job in jobs.items()}
@@ -584,7 +589,8 @@ def print_report(report, messages: bool = True) -> None:
     """What the instructor must read: who was not graded, notes, per student and part the failure
     message (as the runner gave it: never shown to students as is) and answers to read by hand."""
     for student, why in sorted(report.not_graded.items()):
-        print(f"  NOT GRADED {student}: {why} (recorded as 0)")
+        fate = "no grade written: the next run grades them" if student in report.unwritten else "recorded as 0"
+        print(f"  NOT GRADED {student}: {why} ({fate})")
     for student, note in sorted(report.notes.items()):
         print(f"  note on {student}: {note}")
     for student, failed in sorted(report.messages.items()) if messages else ():
@@ -595,15 +601,37 @@ def print_report(report, messages: bool = True) -> None:
             print(f"  READ {student} {part}: its answer {', '.join(why)}")
 
 
-def grade_course(course: Path, assignment: str, timeout: int, sandbox: bool) -> None:
-    """Grade a real course's submissions (the instructor guide's command), then write feedback."""
-    started = time.perf_counter()
-    report = grader.grade(course, assignment, timeout=timeout, sandbox=sandbox)
-    nbgrader(course, "generate_feedback", assignment, "--force")
-    print_table(assignment, report.scores)
+def grade_course(course: Path, assignment: str, timeout: int, sandbox: bool, **options) -> None:
+    """Grade a real course's submissions (the instructor guide's command), then write feedback for
+    the students graded (`options`: schedule.grade()'s: workers, students, regrade, feedback, shard, url)."""
+    report = grader.grade(course, assignment, timeout=timeout, sandbox=sandbox, progress=True, **options)
+    graded = sorted(set(report.scores) - report.unwritten)
+    if report.feedback and graded:
+        feedback_for(course, assignment, graded, options.get("url"))
+    if report.scores:
+        print_table(assignment, report.scores)
     print_report(report)
-    print(f"{len(report.scores)} submissions in {time.perf_counter() - started:.0f} s; "
-          f"feedback in {course / 'feedback'}/<student>/{assignment}/")
+    if not report.feedback and graded:
+        print(f"  feedback NOT rebuilt (--no-feedback): the pages in {course / 'feedback'} are those of an earlier "
+              "run, and may show earlier scores; grade without --no-feedback to rebuild them")
+    elif graded:
+        print(f"  feedback in {course / 'feedback'}/<student>/{assignment}/")
+
+
+def feedback_for(course: Path, assignment: str, students: list[str], url: str | None = None) -> None:
+    """nbgrader's feedback pages for `students` only (a shard writes its own students' pages)."""
+    others = sorted({p.parent.name for p in (course / "autograded").glob(f"*/{assignment}")} - set(students))
+    args = ["generate_feedback", assignment, "--force"] + (
+        [f"--CourseDirectory.student_id_exclude={','.join(others)}"] if others else []) + (
+        [f"--CourseDirectory.db_url={url}"] if url else [])
+    nbgrader(course, *args)
+
+
+def prepare(course: Path, assignment: str, url: str | None) -> None:
+    """Before shards start: the gradebook's schema, the assignment and its students, once."""
+    students = gradebook.prepare(course, assignment, url)
+    print(f"{assignment} and {len(students)} students in {gradebook.without_password(gradebook.db_url(course, url))}: "
+          f"start the shards (python tools/autograde.py grade {assignment} --shard K/N ...)")
 
 
 def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
@@ -678,10 +706,10 @@ def demo(out: Path) -> None:
             write_submission(out, name, student, cells)
         print(f"grading {name} ...", flush=True)
         started = time.perf_counter()
-        report = autograde(out, name, timeout=20)
+        report = autograde(out, name, timeout=20, progress=True)  # every core, as `grade --jobs` does
         seconds = time.perf_counter() - started
         count = len(report.scores)
-        print(f"  {count} submissions in {seconds:.0f} s ({seconds / count:.1f} s each, two at a time)")
+        print(f"  {count} submissions in {seconds:.0f} s ({seconds / count:.1f} s each, {report.workers} at a time)")
         nbgrader(out, "generate_feedback", name, "--force")
         print_table(name, scores(out, name))
         print_report(report)
@@ -694,7 +722,7 @@ def demo(out: Path) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["release", "check", "demo", "grade", "collect", "pack-feedback"])
+    parser.add_argument("command", choices=["release", "check", "demo", "grade", "prepare", "collect", "pack-feedback"])
     parser.add_argument("assignments", nargs="*")
     parser.add_argument("--out", type=Path, default=None,
                         help="demo: the folder (grade-demo); pack-feedback: where the pages go (feedback-upload)")
@@ -702,20 +730,54 @@ if __name__ == "__main__":
     parser.add_argument("--lms", choices=["canvas", "moodle"], help="collect: where the download comes from")
     parser.add_argument("--zip", type=Path, help="collect: the LMS download (a zip, or a folder of files)")
     parser.add_argument("--timeout", type=int, default=60, help="grade: seconds per cell and per part")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="grade: students at a time (default: one per core, as many as memory holds at "
+                             f"{schedule.JOB_MEMORY // 2**30} GiB each; here {schedule.default_jobs()})")
+    parser.add_argument("--student", action="append", default=None, metavar="ID",
+                        help="grade: only this student (repeat for several)")
+    parser.add_argument("--regrade", action="store_true",
+                        help="grade: the students who already have a grade too (otherwise a rerun grades only the others)")
+    parser.add_argument("--no-feedback", action="store_true",
+                        help="grade: skip the notebook run for the feedback (grades only, quick); the feedback "
+                             "pages of an earlier run stay as they are")
+    parser.add_argument("--shard", default=None, metavar="K/N",
+                        help="grade: this machine's share of N (the students whose int(sha256(id), 16) %% N == K-1), "
+                             "into a shared gradebook that `prepare` made")
+    parser.add_argument("--db-url", default=None,
+                        help="grade, prepare: the gradebook (e.g. postgresql+psycopg://grader@host/course); default: "
+                             "the course's c.CourseDirectory.db_url, else its gradebook.db")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="grade without bubblewrap: DANGEROUS, a submission can then change other "
                              "students' work and the gradebook")
     args = parser.parse_args()
+    from sqlalchemy.exc import OperationalError
+    if args.jobs is not None and args.jobs < 1:
+        parser.error("--jobs: at least 1")
     if args.command == "release":
         release()
     elif args.command == "check":
         check(args.assignments or assignments(), Path(os.environ.get("TMPDIR", "/tmp")) / "mpcourse-check")
     elif args.command == "grade":
+        try:
+            shard = schedule.parse_shard(args.shard) if args.shard else None
+        except ValueError as error:
+            parser.error(str(error))
         for name in args.assignments or parser.error("grade: name the assignments"):
             try:
-                grade_course(args.course.resolve(), name, args.timeout, not args.no_sandbox)
-            except (grader.NoSandbox, grader.BrokenEnvironment, grader.SecretError) as error:
+                grade_course(args.course.resolve(), name, args.timeout, not args.no_sandbox, workers=args.jobs,
+                             students=args.student, regrade=args.regrade, feedback=not args.no_feedback,
+                             shard=shard, url=args.db_url)
+            except (grader.NoSandbox, grader.BrokenEnvironment, grader.SecretError, schedule.NotPrepared,
+                    ValueError) as error:
                 sys.exit(f"autograde.py grade {name}: {error}")  # a sentence, not a traceback
+            except OperationalError as error:
+                sys.exit(f"autograde.py grade {name}: the gradebook cannot be reached: {error.orig}")
+    elif args.command == "prepare":
+        for name in args.assignments or parser.error("prepare: name the assignments"):
+            try:
+                prepare(args.course.resolve(), name, args.db_url)
+            except OperationalError as error:
+                sys.exit(f"autograde.py prepare {name}: the gradebook cannot be reached: {error.orig}")
     elif args.command == "collect":
         if not (args.lms and args.zip and len(args.assignments) == 1):
             parser.error("collect: one assignment, --lms canvas|moodle and --zip FILE")

@@ -1,6 +1,8 @@
 """Grading that students cannot fool: the trusted side, which an instructor audits.
 
-    grade(course, assignment, students=None, sandbox=True) -> Report
+    grade_student(course, assignment, student, ...) -> (verdicts, notebook as run, problem, note, flags)
+
+(tools/schedule.py grades a class with it; tools/gradebook.py writes the grades.)
 
 The submission is read as JSON only, never through a symbolic link (a submission that is or
 holds one is refused, with the reason). Then, for each student, two sandboxes of their own
@@ -36,10 +38,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
-import warnings
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,16 +55,6 @@ OUTPUT_CHARS = 1_000_000          # the feedback's outputs, all cells together
 MESSAGE_CHARS = 300               # a failure message in the feedback
 IMAGE = re.compile(r"^[A-Za-z0-9+/=\s]*$")
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # nbgrader calls alembic
-
-
-@dataclass
-class Report:
-    scores: dict = field(default_factory=dict)      # student -> {test cell: points}
-    messages: dict = field(default_factory=dict)    # student -> {test cell: failure message}
-    not_graded: dict = field(default_factory=dict)  # student -> why no hidden-test result (0 recorded)
-    notes: dict = field(default_factory=dict)       # student -> what else to know (a renamed notebook, the feedback run)
-    flags: dict = field(default_factory=dict)       # student -> {part: [why to read that answer]}
-    seconds: dict = field(default_factory=dict)     # student -> wall-clock seconds of their grading
 
 
 class NoSandbox(RuntimeError):
@@ -101,7 +89,15 @@ def run_sandboxed(command: list[str], *, folder: Path, limits, sandbox: bool, st
     files = {f"/grading/{entry.name}": entry for entry in sorted(folder.iterdir())}
     return sandboxing.run(command, show=python_environment(), files=files, limits=limits, stdin=stdin,
                           env={"PYTHONPATH": str(ROOT), "GRADING": "/grading" if sandbox else str(host),
-                               "WORK": "/tmp" if sandbox else str(host / "work")}, sandbox=sandbox)
+                               "WORK": "/tmp" if sandbox else str(host / "work"), **threads(limits)}, sandbox=sandbox)
+
+
+def threads(limits) -> dict:
+    """As many maths threads as the sandbox has CPUs (`limits.cpus`, its cgroup's share): torch,
+    OpenMP, MKL and OpenBLAS would otherwise start one per core of the machine, and threads beyond
+    the share only wait for each other, slowing an honest part when students are graded side by side."""
+    count = str(max(1, int(limits.cpus)))
+    return {name: count for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
 
 
 class BrokenEnvironment(RuntimeError):
@@ -627,164 +623,17 @@ def run_hidden_tests(folder: Path, job: dict, sandbox: bool, timeout: int) -> tu
         return None, "sent back a damaged record"
 
 
-def registered(course: Path, assignment: str) -> bool:
-    """Whether the course's gradebook knows `assignment` (grades can be written for it)."""
-    from nbgrader.api import Gradebook, MissingEntry
-    if not (course / "gradebook.db").exists():
-        return False
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        try:
-            gradebook.find_notebook(assignment, assignment)
-        except MissingEntry:
-            return False
-    return True
+# grade() and Report live in tools/schedule.py, the gradebook's writes and the secret in
+# tools/gradebook.py; they stay importable from here (`grader.grade`, `grader.register`, ...),
+# loaded when first asked for (those modules import this one).
+MOVED = {"schedule": ("Report", "grade"),
+         "gradebook": ("registered", "register", "SECRET_VARIABLE", "SECRET_FILE", "SecretError", "tracked",
+                       "instructor_secret", "record")}
 
 
-def register(course: Path, assignment: str) -> None:
-    """Put `assignment` (its notebook, points and cells) in the course's gradebook as `nbgrader
-    generate_assignment` does, without touching exercises/ (the release goes to a scratch folder):
-    `make exercises` registers nothing, it uses a scratch gradebook."""
-    with tempfile.TemporaryDirectory(prefix="registration-") as scratch:
-        result = subprocess.run(nbgrader_command("generate_assignment", assignment, "--force",
-                                                 f"--CourseDirectory.release_directory={scratch}"),
-                                cwd=course, env=ENV, capture_output=True, text=True)
-    if result.returncode != 0 or not registered(course, assignment):
-        raise RuntimeError(f"could not register {assignment} in {course / 'gradebook.db'}: nbgrader said\n"
-                           f"{result.stdout[-1500:]}{result.stderr[-1500:]}\nFix that, then run, in {course}:\n"
-                           f"  nbgrader generate_assignment {assignment} --force "
-                           f"--CourseDirectory.release_directory=/tmp/{assignment}-release")
-
-
-SECRET_VARIABLE = "MPCOURSE_GRADING_SECRET"
-SECRET_FILE = ".grading-secret"
-
-
-class SecretError(RuntimeError):
-    pass
-
-
-def tracked(course: Path, path: Path) -> bool:
-    """Whether git tracks `path` in `course` (False outside a git repository)."""
-    result = subprocess.run(["git", "ls-files", "--error-unmatch", str(path)], cwd=course,
-                            capture_output=True, text=True)
-    return result.returncode == 0
-
-
-def instructor_secret(course: Path) -> str:
-    """The secret the hidden tests' inputs are drawn from: $MPCOURSE_GRADING_SECRET, else the
-    untracked file .grading-secret in the course directory, never a file git tracks (a clone of a
-    public repository pushes it back one day). Neither: the public placeholder, with a warning."""
-    from traitlets.config.loader import PyFileConfigLoader
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
-    if not str(config.HiddenTests.get("secret", PLACEHOLDER_SECRET)).startswith(PLACEHOLDER_SECRET):
-        raise SecretError(f"nbgrader_config.py sets c.HiddenTests.secret: that file is tracked by git, so the "
-                          f"secret would be pushed with it. Put it in ${SECRET_VARIABLE} or in {course / SECRET_FILE} "
-                          "(git-ignored), and set the line back to the placeholder.")
-    secret = os.environ.get(SECRET_VARIABLE, "").strip()
-    path = course / SECRET_FILE
-    if not secret and path.exists():
-        if tracked(course, path):
-            raise SecretError(f"{path} is tracked by git, so the secret would be pushed with it: "
-                              f"run `git rm --cached {SECRET_FILE}` there, then make a new secret (the old one may be public).")
-        secret = path.read_text().strip()
-    if not secret:
-        warnings.warn(f"no grading secret (${SECRET_VARIABLE} or {SECRET_FILE}): using the public placeholder, so anyone "
-                      "who reads solutions/ can compute the hidden tests' inputs. Set your own (instructor guide).")
-        return PLACEHOLDER_SECRET
-    return secret
-
-
-def grade(course: Path, assignment: str, students: list[str] | None = None, *, sandbox: bool = True,
-          timeout: int = 60, workers: int = 2, execute=True) -> Report:
-    """Grade every submission of `assignment` in `course` (or `students`): gradebook, feedback, Report.
-    `execute`: run the notebooks for the feedback (True), not (False: the feedback shows them as
-    submitted), or only those of the students in a given set."""
-    from nbgrader.api import Gradebook
-    course = Path(course).resolve()
-    problem = sandbox_problem() if sandbox else None
-    if problem:
-        raise NoSandbox(f"refusing to grade without a sandbox: {problem}. A submission could then read "
-                        "and change other students' work and the gradebook. To grade anyway, on a machine "
-                        "that holds nothing else of value, pass --no-sandbox.")
-    if not sandbox:
-        print("WARNING: grading WITHOUT a sandbox: every submission runs with your rights and can read and "
-              "change other submissions, the gradebook and your files.", file=sys.stderr, flush=True)
-    if workers > 1 and not sandboxing.cgroups_available():
-        # Without a CPU share per sandbox, one full of busy processes would starve its neighbour
-        # (measured: 17x slower beside 63 busy processes): no neighbour, then.
-        print("NOTE: no cgroups here (root cannot create cgroup v1 groups): grading one student at a time, "
-              "so that no sandbox can starve another.", file=sys.stderr, flush=True)
-        workers = 1
-    broken = environment_problem(sandbox)
-    if broken:
-        raise BrokenEnvironment(f"refusing to grade: {broken}.")
-    students = students or sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
-    source = read_notebook(course / "solutions" / assignment / f"{assignment}.ipynb")
-    release = read_notebook(course / "exercises" / assignment / f"{assignment}.ipynb")
-    points = {grade_id(c): float(c["metadata"]["nbgrader"]["points"]) for c in source["cells"]
-              if grade_id(c) and c["metadata"]["nbgrader"].get("grade") and c["cell_type"] == "code"}
-    secret = instructor_secret(course)
-    if not registered(course, assignment):  # before grading anyone: the grades need somewhere to go
-        print(f"registering {assignment} in {course / 'gradebook.db'} (first grading of it)", file=sys.stderr, flush=True)
-        register(course, assignment)
-    hidden_lines = hidden_test_lines(source)
-    report = Report()
-    from sqlalchemy.exc import SAWarning
-    with tempfile.TemporaryDirectory(prefix="grading-template-") as scratch, warnings.catch_warnings(), \
-            Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        # nbgrader's API adds a submission's rows in an order SQLAlchemy 2 notes three times per run
-        # ("not in session, add operation ... will not proceed"): harmless, the rows are written.
-        warnings.filterwarnings("ignore", category=SAWarning)
-        template = template_course(course, assignment, Path(scratch))
-        with ThreadPoolExecutor(workers) as pool:
-            started = {}
-            secrets = {s: hashlib.sha256(f"{secret}:{assignment}:{s}".encode()).hexdigest() for s in students}
-
-            def timed(student):
-                started[student] = time.monotonic()
-                try:
-                    return grade_student(course, assignment, student, template, source, release, secrets[student],
-                                         timeout, sandbox, execute is True or student in (execute or ()))
-                finally:
-                    report.seconds[student] = time.monotonic() - started[student]
-
-            futures = {pool.submit(timed, s): s for s in students}
-            for future in as_completed(futures):  # each student's grade is written as soon as it is known
-                student = futures[future]
-                try:
-                    result = future.result()
-                except Exception as error:  # noqa: BLE001  one broken submission must not stop the class
-                    result = (None, None, f"the grader failed on this submission: {error!r}"[:500], None, None)
-                record(gradebook, course, assignment, student, result, points, release, report,
-                       secrets=[secret, secrets[student], *seeds_of(secrets[student])], hidden_lines=hidden_lines)
-    return report
-
-
-def record(gradebook, course, assignment, student, result, points, release, report, *, secrets, hidden_lines):
-    """Write one student's points to the gradebook, their feedback notebook to autograded/ and what
-    the instructor must know to `report`."""
-    verdicts, ran, problem, note, flags = result
-    verdicts = verdicts or {}
-    if flags:
-        report.flags[student] = flags
-    if problem:
-        report.not_graded[student] = problem
-    if note:
-        report.notes[student] = note
-    scores = {t: (p if verdicts.get(t, {}).get("passed") is True else 0.0) for t, p in points.items()}
-    report.scores[student] = scores
-    report.messages[student] = {t: str(v.get("message"))[:2000] for t, v in verdicts.items() if not v.get("passed")}
-    gradebook.update_or_create_student(student)
-    gradebook.update_or_create_submission(assignment, student)
-    for test, score in scores.items():
-        gradebook.find_grade(test, assignment, assignment, student).auto_score = score
-    gradebook.db.commit()
-    if ran is not None:
-        shown = {t: {"passed": v.get("passed") is True,
-                     "message": safe_message(v.get("message", ""), secrets=secrets, hidden_lines=hidden_lines)}
-                 for t, v in verdicts.items()}
-        folder = course / "autograded" / student / assignment
-        for path in (course / "autograded", course / "autograded" / student, folder):
-            if path.is_symlink():
-                raise ValueError(f"{path} is a symbolic link: the grader writes no feedback through it")
-        write_private(folder / f"{assignment}.ipynb", json.dumps(feedback_notebook(ran, release, points, shown), indent=1))
+def __getattr__(name: str):
+    import importlib
+    for module, names in MOVED.items():
+        if name in names:
+            return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module 'grader' has no attribute {name!r}")

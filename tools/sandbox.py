@@ -50,6 +50,7 @@ ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf"
        "mime.types")
 TAIL = 20_000
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+STOP = threading.Event()  # set: every sandbox running ends now (the grader was stopped)
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,10 @@ class Outcome:
     result: bytes                     # what the command wrote on fd 3
     stdout: str                       # the last TAIL characters
     stderr: str
-    killed: str = ""                  # which limit ended it ("", "time", "cpu time")
+    killed: str = ""                  # which limit ended it ("", "time", "cpu time"), or "stopped" (STOP)
     cpu_seconds: float | None = None  # of the whole tree, where cgroups measure it
     wall_seconds: float = 0.0
+    memory_bytes: int | None = None   # the whole tree's peak memory (/tmp included), where cgroups measure it
 
 
 def problem() -> str | None:
@@ -200,6 +202,13 @@ def cpu_used(cgroups: dict[str, Path]) -> float | None:
         return None
 
 
+def memory_peak(cgroups: dict[str, Path]) -> int | None:
+    try:
+        return int((cgroups["memory"] / "memory.max_usage_in_bytes").read_text())
+    except (KeyError, OSError, ValueError):
+        return None
+
+
 def remove_cgroups(cgroups: dict[str, Path]) -> None:
     for _ in range(50):  # kill whatever is left, until nothing is
         pids = cgroup_pids(cgroups)
@@ -298,6 +307,8 @@ def run(command: list[str], *, show=(), files=None, limits: Limits, stdin: bytes
                 killed = "time"
             elif used is not None and used > limits.cpu_seconds:
                 killed = "cpu time"
+            elif STOP.is_set():
+                killed = "stopped"
             if killed:
                 _kill(process, cgroups)
                 break
@@ -309,7 +320,7 @@ def run(command: list[str], *, show=(), files=None, limits: Limits, stdin: bytes
         text = {k: (v[0] if v else b"") for k, v in readers.items()}
         return Outcome(None if killed else process.returncode, text["result"],
                        text["stdout"].decode(errors="replace"), text["stderr"].decode(errors="replace"),
-                       killed, cpu_used(cgroups), time.monotonic() - started)
+                       killed, cpu_used(cgroups), time.monotonic() - started, memory_peak(cgroups))
     finally:
         for read, write in pipes.values():  # only if it could not start
             os.close(read)

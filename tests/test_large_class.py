@@ -1,0 +1,282 @@
+"""Grading a large class (issue 35): students graded side by side give the gradebook one at a time
+gives; each grade is written as soon as it is known, once; a rerun grades only who has none; shards
+on several machines meet in one PostgreSQL gradebook equal to the one-machine SQLite result.
+
+The scheduler's bookkeeping is tested with a stand-in for grading one student (instant, its
+finishing order chosen); then a tiny real class (one short exercise, four students, no feedback
+run) is graded for real, one at a time, two at a time, and as two concurrent shards into a real
+PostgreSQL server, one of them killed half-way and rerun.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import autograde  # noqa: E402
+import gradebook  # noqa: E402
+import grader  # noqa: E402
+import schedule  # noqa: E402
+from tests import postgres  # noqa: E402
+
+ASSIGNMENT = "ex4_softmax_stability"  # among the quickest to grade (about 2.5 s a student without feedback)
+KINDS = ["full", "blank", "partial", "reference"]
+SHARDS = 2  # machines grading at once (here: processes sharing the course folder and the cores)
+NO_SANDBOX = grader.sandbox_problem()
+needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no sandbox here: {NO_SANDBOX}")
+NO_POSTGRES = postgres.problem()
+ENV = {**os.environ, grader.SECRET_VARIABLE: "a-test-secret"}
+
+
+def points() -> dict:
+    return autograde.test_points(ASSIGNMENT)
+
+
+def cli(*args, check=True) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), *args], env=ENV,
+                            capture_output=True, text=True)
+    if check:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def course_of(folder: Path, students: dict) -> Path:
+    autograde.make_course(folder, [ASSIGNMENT])
+    for student, cells in students.items():
+        autograde.write_submission(folder, ASSIGNMENT, student, cells)
+    return folder
+
+
+# --- the schedule's rules ------------------------------------------------------------------
+
+def test_shards_split_the_class_by_sha256_of_the_id():
+    import hashlib
+    names = [f"student{i:03d}" for i in range(60)] + ["Ünïcode-ID", "0042"]
+    for n in (1, 2, 3, 7):
+        owners = {s: [k for k in range(1, n + 1) if schedule.in_shard(s, (k, n))] for s in names}
+        assert all(len(k) == 1 for k in owners.values()), "a student in no shard, or in two"
+        assert all(owners[s][0] - 1 == int(hashlib.sha256(s.encode()).hexdigest(), 16) % n for s in names)
+    assert schedule.parse_shard("2/3") == (2, 3)
+    for wrong in ("0/2", "3/2", "2", "a/b", "1/0"):
+        with pytest.raises(ValueError, match="K/N"):
+            schedule.parse_shard(wrong)
+
+
+def test_default_jobs_is_one_per_core_as_many_as_memory_holds(monkeypatch):
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(schedule, "mem_available", lambda: 64 * schedule.JOB_MEMORY)
+    assert schedule.default_jobs() == cores
+    monkeypatch.setattr(schedule, "mem_available", lambda: schedule.JOB_MEMORY + 1)
+    assert schedule.default_jobs() == 1
+    monkeypatch.setattr(schedule, "mem_available", lambda: schedule.JOB_MEMORY // 2)
+    assert schedule.default_jobs() == 1
+    monkeypatch.setattr(schedule, "mem_available", lambda: None)
+    assert schedule.default_jobs() == cores
+
+
+def test_each_sandbox_gets_as_many_maths_threads_as_cpus(tmp_path):
+    import sandbox
+    assert grader.threads(sandbox.Limits(10, 10)) == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                                                      "OPENBLAS_NUM_THREADS": "1"}
+    assert grader.threads(sandbox.Limits(10, 10, cpus=2.0))["OMP_NUM_THREADS"] == "2"
+    if NO_SANDBOX:
+        pytest.skip(f"no sandbox here: {NO_SANDBOX}")
+    (tmp_path / "work").mkdir()
+    run = grader.run_sandboxed(["python", "-c", "import torch; print(torch.get_num_threads())"], folder=tmp_path,
+                               limits=sandbox.Limits(120, 120), sandbox=True)
+    assert run.returncode == 0 and run.stdout.split() == ["1"], run.stderr[-2000:]
+
+
+class StandIn:
+    """grade_student's stand-in: student i passes the first i parts; each waits, if told, until
+    `wait(student)` lets it finish; students in `dies` fail as a crashed worker would."""
+
+    def __init__(self, release: dict, dies=(), wait=lambda student: None):
+        self.release, self.dies, self.wait, self.calls, self.lock = release, set(dies), wait, [], threading.Lock()
+
+    def __call__(self, course, assignment, student, template, source, release, secret, timeout, sandbox, execute):
+        with self.lock:
+            self.calls.append((student, execute))
+        self.wait(student)
+        if student in self.dies:
+            raise MemoryError("the worker died")
+        rank = sorted(STUDENTS).index(student)
+        verdicts = {t: {"passed": i < rank, "message": "" if i < rank else "wrong"} for i, t in enumerate(points())}
+        return verdicts, self.release, None, None, None
+
+
+STUDENTS = ["ada", "bob", "cy", "dee"]
+
+
+def expected(student: str) -> dict:
+    rank = sorted(STUDENTS).index(student)
+    return {t: (p if i < rank else 0.0) for i, (t, p) in enumerate(points().items())}
+
+
+def test_grades_are_written_once_as_known_and_a_rerun_grades_only_who_has_none(tmp_path, monkeypatch):
+    course = course_of(tmp_path / "course", {s: {} for s in STUDENTS})
+    release = grader.read_notebook(course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    for name in ("sandbox_problem", "environment_problem"):
+        monkeypatch.setattr(schedule, name, lambda *args: None)
+    monkeypatch.setattr(schedule, "template_course", lambda course, assignment, scratch: scratch)
+    written, recorded = [], {s: threading.Event() for s in STUDENTS}
+    real_record = schedule.record
+
+    def record(*args, **kw):
+        real_record(*args, **kw)
+        written.append(args[3])
+        recorded[args[3]].set()
+
+    def last_first(student):  # the first submitted finishes last, once the later ones are in the gradebook
+        for later in sorted(STUDENTS)[sorted(STUDENTS).index(student) + 1:]:
+            if later != "bob":
+                assert recorded[later].wait(60), f"{later}'s grade was not written while {student} was graded"
+
+    monkeypatch.setattr(schedule, "record", record)
+
+    def run(stand_in, **options):
+        monkeypatch.setattr(grader, "grade_student", stand_in)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return grader.grade(course, ASSIGNMENT, workers=4, **options)
+
+    first = run(StandIn(release, dies={"bob"}, wait=last_first))
+    assert written == ["dee", "cy", "ada"]  # each as soon as known, in the order they finished
+    assert "the worker died" in first.not_graded["bob"] and first.unwritten == {"bob"}
+    assert autograde.scores(course, ASSIGNMENT) == {s: expected(s) for s in ("ada", "cy", "dee")}
+    assert "bob" not in first.scores
+
+    again = StandIn(release)
+    second = run(again)  # only bob, whose grading failed
+    assert [s for s, _ in again.calls] == ["bob"] and second.skipped == ["ada", "cy", "dee"]
+    assert autograde.scores(course, ASSIGNMENT) == {s: expected(s) for s in STUDENTS}
+
+    page = course / "autograded" / "cy" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+    page.write_text('{"earlier": "feedback"}')
+    only = StandIn({"cells": [], "metadata": {}})
+    third = run(only, students=["cy"], regrade=True, feedback=False)
+    assert only.calls == [("cy", False)] and not third.feedback
+    assert page.read_text() == '{"earlier": "feedback"}', "--no-feedback replaced the feedback notebook"
+
+    with gradebook_of(course) as book:  # one submission and one grade per part per student, however often graded
+        rows = book.db.execute(text("SELECT student_id, count(*) FROM submitted_assignment GROUP BY student_id")).all()
+        assert sorted(rows) == [(s, 1) for s in STUDENTS]
+        assert book.db.execute(text("SELECT count(*) FROM grade")).scalar() == len(STUDENTS) * len(points())
+
+    autograde.feedback_for(course, ASSIGNMENT, ["ada"])  # a shard's pages: its own students' only
+    assert sorted(p.name for p in (course / "feedback").iterdir()) == ["ada"]
+    result = cli("grade", ASSIGNMENT, "--course", str(course), "--student", "nobody", check=False)
+    assert result.returncode != 0 and "no submission of" in result.stderr and "nobody" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def text(sql: str):
+    from sqlalchemy import text as sql_text
+    return sql_text(sql)
+
+
+def gradebook_of(course: Path, url: str | None = None):
+    from nbgrader.api import Gradebook
+    return Gradebook(url or f"sqlite:///{course / 'gradebook.db'}")
+
+
+def test_a_shard_refuses_to_start_before_prepare(tmp_path):
+    course = tmp_path / "course"  # a gradebook that never heard of the assignment
+    (course / "submitted" / "ada" / ASSIGNMENT).mkdir(parents=True)
+    (course / "nbgrader_config.py").write_text((ROOT / "nbgrader_config.py").read_text())
+    with pytest.raises(schedule.NotPrepared, match="autograde.py prepare"):
+        grader.grade(course, ASSIGNMENT, shard=(1, 2))
+    assert not grader.registered(course, ASSIGNMENT)
+
+
+# --- a tiny real class -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    """The class graded one student at a time on one machine (SQLite): {student: {part: points}}."""
+    if NO_SANDBOX:
+        pytest.skip(f"no sandbox here: {NO_SANDBOX}")
+    folder = tmp_path_factory.mktemp("serial")
+    course = course_of(folder / "course", {k: c for k, c in autograde.submissions(ASSIGNMENT).items() if k in KINDS})
+    report = autograde.autograde(course, ASSIGNMENT, timeout=30, workers=1, feedback=False)
+    graded = autograde.scores(course, ASSIGNMENT)
+    assert not report.not_graded and report.workers == 1
+    assert graded["full"] == points() and graded["blank"] == {t: 0.0 for t in points()}
+    return course, graded
+
+
+@needs_sandbox
+def test_two_at_a_time_gives_the_gradebook_one_at_a_time_gives(serial, tmp_path):
+    import shutil
+    course = tmp_path / "course"  # the same class, not graded yet
+    shutil.copytree(serial[0], course, ignore=shutil.ignore_patterns("gradebook.db", "autograded", "feedback"))
+    result = cli("grade", ASSIGNMENT, "--course", str(course), "--jobs", "2", "--no-feedback", "--timeout", "30")
+    assert autograde.scores(course, ASSIGNMENT) == serial[1]
+    assert "4 students graded in" in result.stderr and "2 at a time" in result.stderr
+    assert "students per minute" in result.stderr and "feedback NOT rebuilt" in result.stdout
+
+
+def graded_in(url: str, students) -> set:
+    with gradebook_of(None, url) as book:
+        return gradebook.graded_students(book, ASSIGNMENT, points()) & set(students)
+
+
+@needs_sandbox
+@pytest.mark.skipif(NO_POSTGRES is not None, reason=f"no PostgreSQL here: {NO_POSTGRES}")
+def test_two_shards_meet_in_postgresql_and_a_killed_one_reruns_without_duplicates(serial):
+    course, expected_scores = serial
+    with postgres.Server() as server:
+        url = server.database("gradebook")
+        refused = cli("grade", ASSIGNMENT, "--course", str(course), "--db-url", url, "--shard", "1/2", check=False)
+        assert refused.returncode != 0 and "prepare" in refused.stderr and "Traceback" not in refused.stderr
+        cli("prepare", ASSIGNMENT, "--course", str(course), "--db-url", url)
+        shards = {k: [s for s in KINDS if schedule.in_shard(s, (k, SHARDS))] for k in range(1, SHARDS + 1)}
+        victim = max(shards, key=lambda k: len(shards[k]))  # a shard with two students or more
+        assert len(shards[victim]) >= 2
+        line = [sys.executable, str(ROOT / "tools" / "autograde.py"), "grade", ASSIGNMENT, "--course", str(course),
+                "--db-url", url, "--no-feedback", "--timeout", "30", "--jobs", "1", "--shard"]
+        running = {k: subprocess.Popen([*line, f"{k}/{SHARDS}"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       text=True) for k in shards}
+        deadline = time.monotonic() + 300
+        while not graded_in(url, shards[victim]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert running[victim].poll() is None, "the shard finished before it could be killed half-way"
+        running[victim].send_signal(signal.SIGKILL)
+        kept = graded_in(url, shards[victim])
+        assert 1 <= len(kept) < len(shards[victim]), "a killed shard keeps the grades it wrote, and only those"
+        for k, process in running.items():
+            output = process.communicate(timeout=300)[0]
+            assert k == victim or process.returncode == 0, output[-3000:]
+        rerun = subprocess.run([*line, f"{victim}/{SHARDS}"], env=ENV, capture_output=True, text=True)
+        assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+        assert f"{len(kept)} already graded" in rerun.stderr
+        assert autograde.scores(None, ASSIGNMENT, url) == expected_scores  # student for student, part for part
+        with gradebook_of(None, url) as book:
+            rows = book.db.execute(text("SELECT student_id, count(*) FROM submitted_assignment GROUP BY student_id"))
+            assert sorted(rows.all()) == [(s, 1) for s in sorted(KINDS)]
+            duplicated = book.db.execute(text("SELECT notebook_id, cell_id FROM grade GROUP BY notebook_id, cell_id "
+                                              "HAVING count(*) > 1")).all()
+            assert duplicated == []
+
+
+@needs_sandbox
+def test_stopping_the_grader_ends_the_sandboxes_still_running():
+    import sandbox
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(sandbox.run(["/bin/sleep", "100"], limits=sandbox.Limits(200, 200))))
+    worker.start()
+    try:
+        time.sleep(1)
+        sandbox.STOP.set()  # what grade() does on Ctrl-C
+        worker.join(60)
+    finally:
+        sandbox.STOP.clear()
+    assert outcome and outcome[0].killed == "stopped" and outcome[0].returncode is None

@@ -1,0 +1,216 @@
+"""The course's gradebook (nbgrader's): registering an assignment, writing each student's grade
+and feedback notebook as soon as it is known, and the instructor's secret.
+
+    prepare(course, assignment, url)      # once, before shards start: the schema, the assignment, the students
+    register(course, assignment, url)     # the assignment, its notebook, points and cells
+    graded_students(gradebook, assignment, points) -> {students with every part's grade written}
+    record(gradebook, course, assignment, student, result, ...)  # one student, from the scheduler
+
+The gradebook is SQLite (`gradebook.db` in the course) on one machine, or any database nbgrader's
+`CourseDirectory.db_url` names: PostgreSQL (`postgresql+psycopg://user@host/database`) where
+several machines grade one assignment at once. One writer per grading process (the scheduler's
+thread); each student's rows are written in a transaction of their own, retried if the database
+is busy, so that shards (each with its own students) never write the same rows.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grader import (ENV, PLACEHOLDER_SECRET, feedback_notebook, nbgrader_command, safe_message,  # noqa: E402
+                    write_private)
+
+RETRIES = 8  # a busy database (SQLite locked by another process, a PostgreSQL conflict): tries per student
+
+
+def db_url(course: Path, url: str | None = None) -> str:
+    """The gradebook's address: `url`, else the course's `c.CourseDirectory.db_url`
+    (nbgrader_config.py), else SQLite in the course (nbgrader's default). A relative SQLite path
+    is the course's, as for nbgrader (run in the course directory)."""
+    if not url and (course / "nbgrader_config.py").exists():
+        from traitlets.config.loader import PyFileConfigLoader
+        config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+        url = str(config.CourseDirectory.get("db_url") or "")
+    url = url or "sqlite:///gradebook.db"
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        url = f"sqlite:///{course / url.removeprefix('sqlite:///')}"
+    return url
+
+
+def without_password(url: str) -> str:
+    """The address without its password, for messages."""
+    from sqlalchemy.engine import make_url
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def nbgrader_in(course: Path, *args: str, url: str | None = None) -> subprocess.CompletedProcess:
+    """An nbgrader command in `course`, on the gradebook at `url` (else the course's own)."""
+    extra = [f"--CourseDirectory.db_url={url}"] if url else []
+    return subprocess.run(nbgrader_command(*args, *extra), cwd=course, env=ENV, capture_output=True, text=True)
+
+
+def registered(course: Path, assignment: str, url: str | None = None) -> bool:
+    """Whether the course's gradebook knows `assignment` (grades can be written for it)."""
+    from nbgrader.api import Gradebook, MissingEntry
+    from sqlalchemy import create_engine, inspect
+    url = db_url(course, url)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        return False
+    engine = create_engine(url)
+    try:
+        if "notebook" not in inspect(engine).get_table_names():  # no schema: nothing prepared there
+            return False
+    finally:
+        engine.dispose()
+    with Gradebook(url) as gradebook:
+        try:
+            gradebook.find_notebook(assignment, assignment)
+        except MissingEntry:
+            return False
+    return True
+
+
+def register(course: Path, assignment: str, url: str | None = None) -> None:
+    """Put `assignment` (its notebook, points and cells) in the course's gradebook as `nbgrader
+    generate_assignment` does, without touching exercises/ (the release goes to a scratch folder):
+    `make exercises` registers nothing, it uses a scratch gradebook."""
+    with tempfile.TemporaryDirectory(prefix="registration-") as scratch:
+        result = nbgrader_in(course, "generate_assignment", assignment, "--force",
+                             f"--CourseDirectory.release_directory={scratch}", url=url)
+    if result.returncode != 0 or not registered(course, assignment, url):
+        raise RuntimeError(f"could not register {assignment} in {without_password(db_url(course, url))}: nbgrader said\n"
+                           f"{result.stdout[-1500:]}{result.stderr[-1500:]}\nFix that, then run, in {course}:\n"
+                           f"  nbgrader generate_assignment {assignment} --force "
+                           f"--CourseDirectory.release_directory=/tmp/{assignment}-release")
+
+
+def submitters(course: Path, assignment: str) -> list[str]:
+    """The students with a submission of `assignment` in submitted/."""
+    return sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
+
+
+def prepare(course: Path, assignment: str, url: str | None = None) -> list[str]:
+    """Once, before the shards of a grading start: the gradebook's schema, `assignment` and every
+    student who handed it in, so that no two shards ever create the same rows. Returns the students."""
+    from nbgrader.api import Gradebook
+    from sqlalchemy import create_engine
+    engine = create_engine(db_url(course, url))
+    try:
+        engine.connect().close()  # an unreachable server: sqlalchemy's OperationalError, before nbgrader's traceback
+    finally:
+        engine.dispose()
+    register(course, assignment, url)
+    students = submitters(course, assignment)
+    with Gradebook(db_url(course, url)) as gradebook:
+        for student in students:
+            gradebook.update_or_create_student(student)
+    return students
+
+
+def graded_students(gradebook, assignment: str, points: dict) -> set[str]:
+    """The students of `assignment` whose every test cell in `points` has its grade written (a
+    run stopped half-way through a student's rows leaves that student ungraded)."""
+    from nbgrader.api import Assignment, Grade, GradeCell, SubmittedAssignment, SubmittedNotebook
+    rows = (gradebook.db.query(SubmittedAssignment.student_id, GradeCell.name, Grade.auto_score)
+            .join(Assignment, SubmittedAssignment.assignment_id == Assignment.id)
+            .join(SubmittedNotebook, SubmittedNotebook.assignment_id == SubmittedAssignment.id)
+            .join(Grade, Grade.notebook_id == SubmittedNotebook.id)
+            .join(GradeCell, Grade.cell_id == GradeCell.id)
+            .filter(Assignment.name == assignment).all())
+    written: dict = {}
+    for student, cell, score in rows:
+        if score is not None:
+            written.setdefault(student, set()).add(cell)
+    return {student for student, cells in written.items() if set(points) <= cells}
+
+
+SECRET_VARIABLE = "MPCOURSE_GRADING_SECRET"
+SECRET_FILE = ".grading-secret"
+
+
+class SecretError(RuntimeError):
+    pass
+
+
+def tracked(course: Path, path: Path) -> bool:
+    """Whether git tracks `path` in `course` (False outside a git repository)."""
+    result = subprocess.run(["git", "ls-files", "--error-unmatch", str(path)], cwd=course,
+                            capture_output=True, text=True)
+    return result.returncode == 0
+
+
+def instructor_secret(course: Path) -> str:
+    """The secret the hidden tests' inputs are drawn from: $MPCOURSE_GRADING_SECRET, else the
+    untracked file .grading-secret in the course directory, never a file git tracks (a clone of a
+    public repository pushes it back one day). Neither: the public placeholder, with a warning."""
+    from traitlets.config.loader import PyFileConfigLoader
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+    if not str(config.HiddenTests.get("secret", PLACEHOLDER_SECRET)).startswith(PLACEHOLDER_SECRET):
+        raise SecretError(f"nbgrader_config.py sets c.HiddenTests.secret: that file is tracked by git, so the "
+                          f"secret would be pushed with it. Put it in ${SECRET_VARIABLE} or in {course / SECRET_FILE} "
+                          "(git-ignored), and set the line back to the placeholder.")
+    secret = os.environ.get(SECRET_VARIABLE, "").strip()
+    path = course / SECRET_FILE
+    if not secret and path.exists():
+        if tracked(course, path):
+            raise SecretError(f"{path} is tracked by git, so the secret would be pushed with it: "
+                              f"run `git rm --cached {SECRET_FILE}` there, then make a new secret (the old one may be public).")
+        secret = path.read_text().strip()
+    if not secret:
+        warnings.warn(f"no grading secret (${SECRET_VARIABLE} or {SECRET_FILE}): using the public placeholder, so anyone "
+                      "who reads solutions/ can compute the hidden tests' inputs. Set your own (instructor guide).")
+        return PLACEHOLDER_SECRET
+    return secret
+
+
+def record(gradebook, course, assignment, student, result, points, release, report, *, secrets, hidden_lines,
+           feedback=True):
+    """Write one student's points to the gradebook, their feedback notebook to autograded/ (unless
+    not `feedback`: the one there stays) and what the instructor must know to `report`."""
+    verdicts, ran, problem, note, flags = result
+    verdicts = verdicts or {}
+    if flags:
+        report.flags[student] = flags
+    if problem:
+        report.not_graded[student] = problem
+    if note:
+        report.notes[student] = note
+    scores = {t: (p if verdicts.get(t, {}).get("passed") is True else 0.0) for t, p in points.items()}
+    report.scores[student] = scores
+    report.messages[student] = {t: str(v.get("message"))[:2000] for t, v in verdicts.items() if not v.get("passed")}
+    write_grades(gradebook, assignment, student, scores)
+    if ran is not None and feedback:
+        shown = {t: {"passed": v.get("passed") is True,
+                     "message": safe_message(v.get("message", ""), secrets=secrets, hidden_lines=hidden_lines)}
+                 for t, v in verdicts.items()}
+        folder = course / "autograded" / student / assignment
+        for path in (course / "autograded", course / "autograded" / student, folder):
+            if path.is_symlink():
+                raise ValueError(f"{path} is a symbolic link: the grader writes no feedback through it")
+        write_private(folder / f"{assignment}.ipynb", json.dumps(feedback_notebook(ran, release, points, shown), indent=1))
+
+
+def write_grades(gradebook, assignment: str, student: str, scores: dict) -> None:
+    """One student's rows, committed; tried again after a pause while the database is busy (another
+    process holds SQLite's lock, or PostgreSQL reports a conflict). A student whose rows are not all
+    written stays ungraded (`graded_students`), so that the next run grades them again."""
+    from nbgrader.api import InvalidEntry
+    from sqlalchemy.exc import IntegrityError, OperationalError
+    for attempt in range(RETRIES):
+        try:
+            gradebook.update_or_create_student(student)
+            gradebook.update_or_create_submission(assignment, student)
+            for test, score in scores.items():
+                gradebook.find_grade(test, assignment, assignment, student).auto_score = score
+            gradebook.db.commit()
+            return
+        except (OperationalError, IntegrityError, InvalidEntry):
+            gradebook.db.rollback()
+            if attempt == RETRIES - 1:
+                raise
+            time.sleep(min(0.05 * 2 ** attempt, 5))

@@ -1,0 +1,238 @@
+"""Grading a class: every student of an assignment, `workers` at a time, each in sandboxes of their
+own (tools/grader.py grades one), their grades written to the gradebook as soon as each is known.
+
+    grade(course, assignment, students=None, sandbox=True, workers=None, shard=None) -> Report
+
+- Every core: `workers` students at a time (default `default_jobs()`: one per core, as many as
+  memory holds), each sandbox held to one CPU (tools/sandbox.py) and its maths libraries to one
+  thread (grader.run_sandboxed), so a neighbour neither starves nor slows an honest part.
+- One writer: the grades are written here, in this thread, one student at a time as each is done,
+  whatever order they finish in (tools/gradebook.py). A stopped run keeps every grade written; a
+  rerun grades only the students without one, unless `regrade`. A student whose grading failed
+  (the grader's fault, not theirs) gets no grade written, so the next run grades them again.
+- Many machines: `shard=(K, N)` grades the students whose `int(sha256(id), 16) % N == K - 1`, into
+  one gradebook (PostgreSQL) that `gradebook.prepare` made before the shards started.
+"""
+import hashlib
+import os
+import sys
+import tempfile
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sandbox as sandboxing  # noqa: E402
+import grader  # noqa: E402
+from grader import (BrokenEnvironment, NoSandbox, environment_problem, grade_id,  # noqa: E402
+                    hidden_test_lines, read_notebook, sandbox_problem, seeds_of, template_course)
+from gradebook import (db_url, graded_students, instructor_secret, record, register, registered,  # noqa: E402
+                       submitters, without_password)
+
+# Memory set aside per student graded at once: `default_jobs` runs no more than memory holds. An
+# honest student's heaviest step, the feedback run (nbgrader and a kernel, each with torch), peaked
+# at about 300 MiB (benchmarks/bench_grading.py); a sandbox may take up to its cgroup's limit
+# (sandbox.Limits.memory_bytes, 4 GiB), which few students reach at once: 2 GiB between the two.
+JOB_MEMORY = 2 * 2**30
+
+
+@dataclass
+class Report:
+    scores: dict = field(default_factory=dict)      # student -> {test cell: points}
+    messages: dict = field(default_factory=dict)    # student -> {test cell: failure message}
+    not_graded: dict = field(default_factory=dict)  # student -> why no hidden-test result (0 recorded)
+    notes: dict = field(default_factory=dict)       # student -> what else to know (a renamed notebook, the feedback run)
+    flags: dict = field(default_factory=dict)       # student -> {part: [why to read that answer]}
+    seconds: dict = field(default_factory=dict)     # student -> wall-clock seconds of their grading
+    unwritten: set = field(default_factory=set)     # not graded, and no grade written: the next run grades them
+    skipped: list = field(default_factory=list)     # already graded before this run (no `regrade`)
+    feedback: bool = True                           # False: feedback notebooks left as they were
+    workers: int = 0                                # students graded at a time
+    wall_seconds: float = 0.0                       # the whole run
+
+
+class NotPrepared(RuntimeError):
+    pass
+
+
+def mem_available() -> int | None:
+    """Bytes of memory available for new work (Linux's MemAvailable), or None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def default_jobs() -> int:
+    """Students graded at a time when not told: one per core this process may use, no more than
+    the available memory holds at JOB_MEMORY each, at least one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    memory = mem_available()
+    return max(1, min(cores, memory // JOB_MEMORY if memory else cores))
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'K/N' -> (K, N), with 1 <= K <= N; anything else is refused with the reason."""
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {text!r}: write K/N, e.g. 1/3 (this machine grades the first third)") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"--shard {text!r}: K/N needs 1 <= K <= N")
+    return k, n
+
+
+def in_shard(student: str, shard: tuple[int, int]) -> bool:
+    """Whether shard K of N grades `student`: int(sha256(id), 16) % N == K - 1 (the same answer on
+    every machine; Python's own hash differs between processes)."""
+    k, n = shard
+    return int(hashlib.sha256(student.encode()).hexdigest(), 16) % n == k - 1
+
+
+def grade(course: Path, assignment: str, students: list[str] | None = None, *, sandbox: bool = True,
+          timeout: int = 60, workers: int | None = None, execute=True, regrade: bool = False,
+          feedback: bool = True, shard: tuple[int, int] | None = None, url: str | None = None,
+          progress: bool = False) -> Report:
+    """Grade every submission of `assignment` in `course` (or `students`): gradebook, feedback, Report.
+    `execute`: run the notebooks for the feedback (True), not (False: the feedback shows them as
+    submitted), or only those of the students in a given set. `feedback=False`: no notebook runs and
+    the feedback notebooks already in autograded/ stay as they are (only the grades change).
+    `regrade`: grade the students who already have a grade too. `shard`: (K, N), see in_shard.
+    `url`: the gradebook (else the course's db_url, else its gradebook.db). `progress`: a progress
+    bar and a closing line with the wall time and students per minute, on stderr."""
+    from nbgrader.api import Gradebook
+    course = Path(course).resolve()
+    workers = workers or default_jobs()
+    handed_in = submitters(course, assignment)
+    unknown = sorted(set(students or ()) - set(handed_in))
+    if unknown:
+        raise ValueError(f"no submission of {assignment} from {', '.join(unknown)} "
+                         f"(looked for submitted/<student>/{assignment}/)")
+    url = db_url(course, url)
+    if shard and not registered(course, assignment, url):  # two shards registering at once would write the same rows
+        raise NotPrepared(f"{assignment} is not in the gradebook {without_password(url)}: run, once, before "
+                          f"the shards start:\n  python tools/autograde.py prepare {assignment} --course {course}")
+    problem = sandbox_problem() if sandbox else None
+    if problem:
+        raise NoSandbox(f"refusing to grade without a sandbox: {problem}. A submission could then read "
+                        "and change other students' work and the gradebook. To grade anyway, on a machine "
+                        "that holds nothing else of value, pass --no-sandbox.")
+    if not sandbox:
+        print("WARNING: grading WITHOUT a sandbox: every submission runs with your rights and can read and "
+              "change other submissions, the gradebook and your files.", file=sys.stderr, flush=True)
+    if workers > 1 and not sandboxing.cgroups_available():
+        # Without a CPU share per sandbox, one full of busy processes would starve its neighbour
+        # (measured: 17x slower beside 63 busy processes): no neighbour, then.
+        print("NOTE: no cgroups here (root cannot create cgroup v1 groups): grading one student at a time, "
+              "so that no sandbox can starve another.", file=sys.stderr, flush=True)
+        workers = 1
+    broken = environment_problem(sandbox)
+    if broken:
+        raise BrokenEnvironment(f"refusing to grade: {broken}.")
+    students = [s for s in (students or handed_in) if shard is None or in_shard(s, shard)]
+    source = read_notebook(course / "solutions" / assignment / f"{assignment}.ipynb")
+    release = read_notebook(course / "exercises" / assignment / f"{assignment}.ipynb")
+    points = {grade_id(c): float(c["metadata"]["nbgrader"]["points"]) for c in source["cells"]
+              if grade_id(c) and c["metadata"]["nbgrader"].get("grade") and c["cell_type"] == "code"}
+    secret = instructor_secret(course)
+    if not registered(course, assignment, url):  # before grading anyone: the grades need somewhere to go
+        print(f"registering {assignment} in {without_password(url)} (first grading of it)", file=sys.stderr, flush=True)
+        register(course, assignment, url)
+    hidden_lines = hidden_test_lines(source)
+    report = Report(feedback=feedback, workers=workers)
+    if not feedback:
+        execute = False
+    from sqlalchemy.exc import SAWarning
+    with tempfile.TemporaryDirectory(prefix="grading-template-") as scratch, warnings.catch_warnings(), \
+            Gradebook(url) as gradebook:
+        # nbgrader's API adds a submission's rows in an order SQLAlchemy 2 notes three times per run
+        # ("not in session, add operation ... will not proceed"): harmless, the rows are written.
+        warnings.filterwarnings("ignore", category=SAWarning)
+        if not regrade:
+            done = graded_students(gradebook, assignment, points)
+            report.skipped = [s for s in students if s in done]
+            students = [s for s in students if s not in done]
+        runs = execute is True or bool(set(execute or ()) & set(students))  # a notebook run needs the release's course
+        template = template_course(course, assignment, Path(scratch)) if students and runs else None
+        secrets = {s: hashlib.sha256(f"{secret}:{assignment}:{s}".encode()).hexdigest() for s in students}
+        began = time.monotonic()
+        with ThreadPoolExecutor(workers) as pool, progress_bar(assignment, len(students), progress) as bar:
+            started = {}
+
+            def timed(student):
+                started[student] = time.monotonic()
+                try:
+                    return grader.grade_student(course, assignment, student, template, source, release,
+                                                secrets[student], timeout, sandbox,
+                                                execute is True or student in (execute or ()))
+                finally:
+                    report.seconds[student] = time.monotonic() - started[student]
+
+            futures = {pool.submit(timed, s): s for s in students}
+            try:
+                for future in as_completed(futures):  # each student's grade is written as soon as it is known
+                    student = futures[future]
+                    try:
+                        result = future.result()
+                    except Exception as error:  # noqa: BLE001  the grader's failure: this student only
+                        failed(report, student, f"the grader failed on this submission: {error!r}"[:500])
+                    else:
+                        try:
+                            record(gradebook, course, assignment, student, result, points, release, report,
+                                   secrets=[secret, secrets[student], *seeds_of(secrets[student])],
+                                   hidden_lines=hidden_lines, feedback=feedback)
+                        except Exception as error:  # noqa: BLE001  e.g. the database stayed busy
+                            unrecorded(report, gradebook, assignment, points, student, error)
+                    bar.set_postfix(not_graded=len(report.not_graded), refresh=False)
+                    bar.update(1)
+            except KeyboardInterrupt:
+                sandboxing.STOP.set()  # end the sandboxes still running; what is written stays written
+                pool.shutdown(wait=True, cancel_futures=True)
+                sandboxing.STOP.clear()
+                print(f"\nstopped: {len(report.scores)} grades written; run the same command again to grade "
+                      f"the {len(students) - len(report.scores)} others", file=sys.stderr, flush=True)
+                raise
+        report.wall_seconds = time.monotonic() - began
+    if progress:
+        print(closing_line(assignment, report), file=sys.stderr, flush=True)
+    return report
+
+
+def failed(report: Report, student: str, why: str, written: bool = False) -> None:
+    """`student` not graded through no fault of theirs: named with the reason, and graded again
+    by the next run unless their grade was written all the same."""
+    report.not_graded[student] = why
+    if not written:
+        report.unwritten.add(student)
+        report.scores.pop(student, None)
+
+
+def unrecorded(report: Report, gradebook, assignment: str, points: dict, student: str, error: Exception) -> None:
+    """Recording `student` failed: say whether their grade was written before it did."""
+    try:
+        written = student in graded_students(gradebook, assignment, points)
+    except Exception:  # noqa: BLE001  the database is gone
+        gradebook.db.rollback()
+        written = False
+    what = "its grade was written, its feedback notebook was not" if written else "no grade was written"
+    failed(report, student, f"recording it failed ({what}): {error!r}"[:500], written=written)
+
+
+def progress_bar(assignment: str, total: int, shown: bool):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=f"grading {assignment}", unit="student", file=sys.stderr, disable=not shown,
+                smoothing=0.1, dynamic_ncols=True)
+
+
+def closing_line(assignment: str, report: Report) -> str:
+    """`N students graded in S s, W at a time: R students per minute` (and who was skipped)."""
+    count, seconds = len(report.seconds), report.wall_seconds
+    rate = f": {60 * count / seconds:.1f} students per minute" if count and seconds else ""
+    skipped = (f"; {len(report.skipped)} already graded, left as they are (--regrade grades them again)"
+               if report.skipped else "")
+    return f"{assignment}: {count} students graded in {seconds:.0f} s, {report.workers} at a time{rate}{skipped}"
