@@ -138,8 +138,18 @@ def test_every_exercise_test_cell_can_be_stripped_and_every_part_records_a_value
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in grader.CHECKS_WITH_EXPECTED:
                 expected = node.args[1] if len(node.args) > 1 else next(k.value for k in node.keywords if k.arg == "expected")
                 assert isinstance(expected, ast.Constant) and expected.value is None
-        hidden = text.split("### BEGIN HIDDEN TESTS")[-1]
-        assert any(f"grading.{check}(" in hidden for check in ("assert_close", "assert_equal", "matches_reference")), (
+        # A value check in the hidden tests, or a call of a function of the cell that makes one
+        checks = {"assert_close", "assert_equal", "matches_reference"}
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef) and any(
+                    isinstance(n, ast.Call) and getattr(n.func, "attr", None) in checks for n in ast.walk(node)):
+                checks.add(node.name)
+        lines = text.splitlines()
+        begin = next(i for i, line in enumerate(lines, 1) if "### BEGIN HIDDEN TESTS" in line)
+        end = next(i for i, line in enumerate(lines, 1) if "### END HIDDEN TESTS" in line)
+        called = {getattr(n.func, "attr", getattr(n.func, "id", None)) for n in ast.walk(ast.parse(text))
+                  if isinstance(n, ast.Call) and begin < n.lineno < end}
+        assert called & checks, (
             f"{assignment} {nbgrader['grade_id']}: the hidden tests record no value for the judge to compare")
 
 
