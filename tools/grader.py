@@ -587,7 +587,7 @@ def grade_student(course, assignment, student, template, source, release, secret
                 ran = parse_notebook(run.result)  # data from the pipe, never a file it could replace
             except ValueError:
                 why = (f"ran past the {feedback_seconds(timeout)} s allowed for the whole notebook" if run.killed == "time"
-                       else f"used more than its CPU time" if run.killed else f"failed ({run.stderr[-300:]})")
+                       else "used more than its CPU time" if run.killed else f"failed ({run.stderr[-300:]})")
                 note = "; ".join(filter(None, [renamed, f"its notebook run {why}; the feedback shows it as submitted"]))
         records = {}
         try:
