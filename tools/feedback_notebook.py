@@ -1,0 +1,158 @@
+"""The feedback notebook a student gets back, rebuilt by the grader from data (tools/grader.py):
+outputs reduced to text and checked images within OUTPUT_CHARS, Markdown made inert, test cells as
+released with the verdict and a failure message fit to show (capped, the secret, seeds and
+hidden-test lines withheld). Nothing here runs a submission's code.
+"""
+import copy
+import hashlib
+import json
+import re
+
+import feedback_page
+from review_flags import _grade_id as grade_id, _source as source_text
+
+OUTPUT_CHARS = 1_000_000          # the feedback's outputs, all cells together
+MESSAGE_CHARS = 300               # a failure message in the feedback
+IMAGE = re.compile(r"^[A-Za-z0-9+/=\s]*$")
+
+
+def normalised(submission: dict, release: dict) -> dict:
+    """The submission with each released cell's nbgrader metadata as released, on the first cell
+    that carries its grade_id; removed from duplicates and from cells that never had any."""
+    nb = copy.deepcopy(submission)
+    released = {grade_id(c): c["metadata"]["nbgrader"] for c in release["cells"] if grade_id(c)}
+    seen = set()
+    for cell in nb["cells"]:
+        metadata = cell.setdefault("metadata", {}) if isinstance(cell.get("metadata"), dict) else {}
+        cell["metadata"] = metadata
+        gid = grade_id(cell)
+        metadata.pop("nbgrader", None)
+        if gid in released and gid not in seen:
+            metadata["nbgrader"] = copy.deepcopy(released[gid])
+            seen.add(gid)
+    return nb
+
+
+# A URL scheme that runs code or embeds a document, even with blanks or control characters
+# between its letters (browsers drop them).
+DANGEROUS_SCHEME = re.compile("(?i)(" + "|".join(r"[\s\x00-\x1f]*".join(word) for word in
+                                                 ("javascript", "vbscript", "data", "livescript")) + r")[\s\x00-\x1f]*:")
+LINK_SYNTAX = re.compile(r"\](\s*)([(\[:])")  # [text](address), [text][ref], [ref]: address
+MATH_LINKS = re.compile(r"\\(href|url|class|cssId|style|data|unicode|require)\b")
+
+
+def inert_markdown(text: str) -> str:
+    """Markdown that renders as text, not HTML: `&` and `<` escaped where they could start an entity
+    or a tag, maths as plain text where it can be (tools/feedback_page.py), no link or image (their
+    syntax broken: the Markdown renderer decodes entities in addresses, even escaped ones, so an
+    address cannot be made safe by escaping), dangerous URL schemes broken in the text too,
+    MathJax's link commands disabled."""
+    text = feedback_page.escape_markup(feedback_page.readable_maths(text))
+    text = LINK_SYNTAX.sub(lambda m: "]" + m.group(1) + "\\" + m.group(2), text)
+    text = DANGEROUS_SCHEME.sub(lambda m: re.sub(r"[\s\x00-\x1f]", "", m.group(1)) + "-blocked:", text)
+    return MATH_LINKS.sub(lambda m: f"\\text{{{m.group(1)}-blocked}}", text)
+
+
+def safe_message(message: str, *, secrets: list[str], hidden_lines: set[str]) -> str:
+    """A failure message fit for the student's feedback: capped, without the secret (nor a seed
+    drawn from it), and withheld whole if it quotes a line of the hidden tests."""
+    text = str(message)
+    if any(line in text for line in hidden_lines):
+        return "(the message quotes the hidden tests: withheld, your instructor can see it)"
+    for secret in secrets:
+        if secret and secret in text:  # a seed only as a number of its own, not inside another
+            text = re.sub(rf"(?<![0-9]){secret}(?![0-9])" if secret.isdigit() else re.escape(secret), "(withheld)", text)
+    text = re.sub(r"[0-9a-fA-F]{16,}", "(withheld)", text)  # a secret's fragment, hashed or not
+    text = "\n".join(text.splitlines()[:4])
+    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + " [...]"
+
+
+def hidden_test_lines(source: dict) -> set[str]:
+    """The lines of the hidden tests that students never see (repeated public lines excepted)."""
+    hidden, public = set(), set()
+    for cell in source["cells"]:
+        inside = False
+        for line in source_text(cell).splitlines():
+            stripped = line.strip()
+            if "### BEGIN HIDDEN TESTS" in line or "### BEGIN SOLUTION" in line:
+                inside = True
+            elif "### END HIDDEN TESTS" in line or "### END SOLUTION" in line:
+                inside = False
+            elif inside and (cell.get("metadata", {}).get("nbgrader", {}) or {}).get("grade"):
+                hidden.add(stripped)
+            elif not inside:
+                public.add(stripped)
+    return {line for line in hidden - public if len(line) >= 12}
+
+
+def seeds_of(secret: str, count: int = 1000) -> list[str]:
+    """The seeds `mpcourse.grading.seed(n)` draws from `secret`, for n < count, as text."""
+    return [str(int.from_bytes(hashlib.sha256(f"{secret}:{n}".encode()).digest()[:4], "little") % 2**31)
+            for n in range(count)]
+
+
+def safe_outputs(outputs) -> list[dict]:
+    """Text, tracebacks and PNG/JPEG images only: no HTML, JavaScript, SVG, widgets or metadata."""
+    kept = []
+    for out in outputs if isinstance(outputs, list) else []:
+        kind = out.get("output_type") if isinstance(out, dict) else None
+        if kind == "stream":
+            name = "stderr" if out.get("name") == "stderr" else "stdout"
+            kept.append({"output_type": "stream", "name": name, "text": source_text({"source": out.get("text", "")})})
+        elif kind == "error":
+            trace = out.get("traceback", [])
+            kept.append({"output_type": "error", "ename": str(out.get("ename", ""))[:200],
+                         "evalue": str(out.get("evalue", ""))[:2000],
+                         "traceback": [str(line)[:2000] for line in trace[-40:]] if isinstance(trace, list) else []})
+        elif kind in ("display_data", "execute_result"):
+            data = out.get("data", {}) if isinstance(out.get("data"), dict) else {}
+            clean = {"text/plain": source_text({"source": data["text/plain"]})} if "text/plain" in data else {}
+            for mime in ("image/png", "image/jpeg"):
+                if isinstance(data.get(mime), str) and IMAGE.match(data[mime]):
+                    clean[mime] = data[mime]
+            kept.append({"output_type": "display_data", "data": clean, "metadata": {}})
+    return kept
+
+
+def capped(outputs: list[dict], budget: list[int]) -> list[dict]:
+    """`outputs` within what is left of the feedback's OUTPUT_CHARS (`budget`, shared by all cells)."""
+    kept = []
+    for out in outputs:
+        size = len(json.dumps(out))
+        if size > budget[0]:
+            kept.append({"output_type": "stream", "name": "stdout",
+                         "text": "[grader] output dropped: the feedback holds at most "
+                                 f"{OUTPUT_CHARS:,} characters of output in all\n"})
+            budget[0] = 0
+            break
+        budget[0] -= size
+        kept.append(out)
+    return kept
+
+
+def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict) -> dict:
+    """The notebook generate_feedback renders: inert, test cells as released plus the verdict of
+    the hidden tests and what the visible tests printed or raised (`verdicts` hold safe messages)."""
+    released = {grade_id(c): c for c in release["cells"] if grade_id(c)}
+    cells, budget = [], [OUTPUT_CHARS]
+    for cell in normalised(ran, release)["cells"]:
+        kind, gid = cell.get("cell_type"), grade_id(cell)
+        metadata = {"nbgrader": cell["metadata"]["nbgrader"]} if gid else {}
+        if kind == "markdown":
+            cells.append({"cell_type": "markdown", "metadata": metadata, "source": inert_markdown(source_text(cell))})
+        elif kind == "code" and gid in points:
+            verdict = verdicts.get(gid, {"passed": False, "message": "not graded"})
+            shown = [o for o in safe_outputs(cell.get("outputs")) if o["output_type"] in ("stream", "error")]
+            visible = (None if not shown else not any(o["output_type"] == "error" for o in shown))
+            note = ("\N{CHECK MARK} " if verdict["passed"] else "\N{BALLOT X} ") + feedback_page.verdict(
+                visible, verdict["passed"], verdict["message"], points[gid])
+            cells.append({"cell_type": "code", "metadata": metadata, "execution_count": None,
+                          "source": source_text(released[gid]),
+                          "outputs": capped(shown, budget) + [{"output_type": "stream", "name": "stdout",
+                                                               "text": f"{note}\n"}]})
+        elif kind == "code":
+            cells.append({"cell_type": "code", "metadata": metadata, "execution_count": None,
+                          "source": source_text(cell), "outputs": capped(safe_outputs(cell.get("outputs")), budget)})
+    return {"cells": cells, "metadata": {k: release["metadata"][k] for k in ("kernelspec", "language_info")
+                                         if k in release.get("metadata", {})},
+            "nbformat": 4, "nbformat_minor": 5}
