@@ -76,6 +76,7 @@ _forbidden: set[str] = set()   # names of torch functions the current part may n
 _secret = ""                   # set by the hidden-test runner only
 _observations: list | None = None  # set by the hidden-test runner: record what happened, decide nothing
 OBSERVED_VALUES = 2_000_000    # numbers a part may record in all (the rest: recorded as too large)
+_budget = OBSERVED_VALUES      # what is left of it in this process (each part runs in a fresh child)
 
 
 def seed(n: int) -> int:
@@ -405,17 +406,17 @@ def _numbers(array: np.ndarray) -> dict:
     return {"shape": list(array.shape), "f8": base64.b64encode(values.tobytes()).decode()}
 
 
-_budget = OBSERVED_VALUES
-
 
 def data(value, depth: int = 0):
     """`value` as JSON data that says what it is: numbers exactly, tensors and arrays with dtype,
     shape and device, containers item by item, anything else by its type's name."""
     if depth > 8:
         return {"other": "nested too deeply"}
-    if value is None or isinstance(value, (bool, str)) and type(value) in (bool, str):
-        return value if not isinstance(value, str) else {"str": value[:1000]}
-    if isinstance(value, (np.bool_,)):
+    if value is None or type(value) is bool:
+        return value
+    if type(value) is str:  # a subclass of str falls through to "other"
+        return {"str": value[:1000]}
+    if isinstance(value, np.bool_):
         return bool(value)
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return {"int": str(int(value))}
