@@ -17,8 +17,11 @@ A number that came out is not yet an explanation. Three more disciplines keep th
   effect changes as the sentence predicts.
 * **Scope**: a rule ("never", "safe", "always") is checked at the edge where it would fail, or
   narrowed to the setting it was measured in.
-* **Noise**: a ranking of training runs is checked against the seed-to-seed spread of the runs it
-  ranks, with :func:`seed_spread` and :func:`beyond_noise`.
+* **Noise**: a ranking of training runs is checked against run-to-run noise measured the right way.
+  When the runs it compares share their seeds (the same initial weights and the same batches for
+  both), the design is *paired*: :func:`paired_difference` tests the per-seed differences (a
+  paired t-test). When they do not, the difference is set against the seed-to-seed spread of one
+  run, :func:`seed_spread`, with :func:`beyond_noise`.
 
 >>> claim("FP16's largest value is 65504", 65504.0 == 2**15 * (2 - 2**-10))
 >>> claim("two plus two is five", 2 + 2 == 5, measured=2 + 2)
@@ -33,7 +36,8 @@ import numbers
 import random
 from dataclasses import dataclass
 
-__all__ = ["ClaimFailed", "Spread", "beyond_noise", "claim", "seed_spread"]
+__all__ = ["ClaimFailed", "Paired", "Spread", "beyond_noise", "claim", "paired_difference",
+           "seed_spread"]
 
 
 class ClaimFailed(AssertionError):
@@ -78,7 +82,8 @@ def _is_truth_value(value) -> bool:
 @dataclass(frozen=True)
 class Spread:
     """What one training outcome does from seed to seed: ``values`` (one per seed, in the order of
-    the seeds), and their ``low`` and ``high``; ``width`` is ``high - low``."""
+    the seeds), and their ``low`` and ``high``; ``width`` is ``high - low``, ``mean`` and ``sd``
+    (the sample standard deviation, with n - 1) describe the same values."""
 
     values: tuple
     low: float
@@ -87,6 +92,14 @@ class Spread:
     @property
     def width(self) -> float:
         return self.high - self.low
+
+    @property
+    def mean(self) -> float:
+        return math.fsum(self.values) / len(self.values)
+
+    @property
+    def sd(self) -> float:
+        return _sample_sd(self.values)
 
 
 def seed_spread(run, seeds=(0, 1, 2)) -> Spread:
@@ -97,39 +110,142 @@ def seed_spread(run, seeds=(0, 1, 2)) -> Spread:
     accuracy). The global random states of ``random``, NumPy and torch are restored afterwards, so
     measuring the noise does not change what the notebook's later cells draw.
 
-    >>> seed_spread(lambda seed: [0.50, 0.53, 0.49][seed])
+    >>> band = seed_spread(lambda seed: [0.50, 0.53, 0.49][seed])
+    >>> band
     Spread(values=(0.5, 0.53, 0.49), low=0.49, high=0.53)
+    >>> round(band.sd, 4)
+    0.0208
     """
     if not callable(run):
         raise TypeError(f"seed_spread() needs a function run(seed) -> number, got {type(run).__name__}")
-    seeds = tuple(seeds)
-    if len(seeds) < 2:
-        raise ValueError(f"seed_spread() needs at least two seeds to measure a spread, got {seeds!r}")
-    if not all(isinstance(seed, numbers.Integral) and not isinstance(seed, bool) for seed in seeds):
-        raise TypeError(f"seeds must be integers, got {seeds!r}")
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds must differ from each other, got {seeds!r}")
-    saved = _random_states()
-    try:
-        values = []
-        for seed in seeds:
-            values.append(_finite_real(run(int(seed)), f"run({seed})"))
-    finally:
-        _restore_random_states(saved)
-    return Spread(values=tuple(values), low=min(values), high=max(values))
+    seeds = _check_seeds(seeds, at_least=2, caller="seed_spread()")
+    values = _outcomes(run, seeds, "run")
+    return Spread(values=values, low=min(values), high=max(values))
 
 
-def beyond_noise(difference, spread: Spread) -> bool:
-    """True when ``difference`` (between two runs' outcomes) is larger in size than the spread of
-    one run across seeds: only then may a sentence rank the two; otherwise it says "within noise".
+@dataclass(frozen=True)
+class Paired:
+    """Two runs compared seed by seed: ``a[k]`` and ``b[k]`` are their outcomes with ``seeds[k]``.
+
+    ``differences[k] = a[k] - b[k]``; ``mean`` and ``sd`` are their mean and sample standard
+    deviation (n - 1); ``t = mean / (sd / sqrt(n))`` is the paired t statistic, and ``p`` its
+    two-sided p-value from Student's t distribution with n - 1 degrees of freedom: how often a
+    mean difference at least this far from 0 would come out if the two runs differed only by
+    chance. ``beyond_noise`` is ``p < 0.05``.
+
+    Pairing removes what the two runs share, the initial weights and the batches, so a small but
+    consistent difference shows up even where the seed-to-seed spread of one run is wide.
+    """
+
+    seeds: tuple
+    a: tuple
+    b: tuple
+    differences: tuple
+    mean: float
+    sd: float
+    t: float
+    p: float
+
+    LEVEL = 0.05  # two-sided significance level of ``beyond_noise``
+
+    @property
+    def beyond_noise(self) -> bool:
+        return self.p < self.LEVEL
+
+    @property
+    def verdict(self) -> str:
+        """"beyond noise" or "within noise", for a sentence generated from the result."""
+        return "beyond noise" if self.beyond_noise else "within noise"
+
+    def __str__(self) -> str:
+        """One line for the reader: ``"+0.0120 ± 0.0040 (mean ± sd over 5 paired seeds; t = 6.71,
+        p = 0.0026): beyond noise"``."""
+        return (f"{self.mean:+.3g} ± {self.sd:.2g} (mean ± sd over {len(self.seeds)} paired seeds; "
+                f"t = {self.t:.2f}, p = {self.p:.2g}): {self.verdict}")
+
+
+def paired_difference(run_a, run_b, seeds=(0, 1, 2, 3, 4)) -> Paired:
+    """Compare two runs that share their seeds: ``run_a(seed) - run_b(seed)``, tested with a
+    paired t-test over ``seeds`` (at least three).
+
+    ``run_a`` and ``run_b`` are functions ``run(seed) -> number`` that draw *the same* initial
+    weights and batch order from ``seed`` (only the thing compared, a format or a recipe, differs
+    between them), or the outcomes already measured, one per seed in the order of ``seeds``. The
+    global random states are restored afterwards, as in :func:`seed_spread`.
+
+    >>> result = paired_difference(lambda s: [0.50, 0.61, 0.42][s] + 0.01, lambda s: [0.50, 0.61, 0.42][s],
+    ...                            seeds=(0, 1, 2))
+    >>> result.beyond_noise, round(result.mean, 3)
+    (True, 0.01)
+    """
+    seeds = _check_seeds(seeds, at_least=3, caller="paired_difference()")
+    a, b = _outcomes(run_a, seeds, "run_a"), _outcomes(run_b, seeds, "run_b")
+    differences = tuple(x - y for x, y in zip(a, b))
+    n = len(differences)
+    mean, sd = math.fsum(differences) / n, _sample_sd(differences)
+    if sd == 0:  # the same difference on every seed: none at all, or one that no noise explains
+        t, p = (0.0, 1.0) if mean == 0 else (math.copysign(math.inf, mean), 0.0)
+    else:
+        from scipy.stats import t as student_t
+        t = mean / (sd / math.sqrt(n))
+        p = float(2 * student_t.sf(abs(t), n - 1))
+    return Paired(seeds=seeds, a=a, b=b, differences=differences, mean=mean, sd=sd, t=t, p=p)
+
+
+def beyond_noise(difference, spread: Spread | None = None) -> bool:
+    """May a sentence rank two runs? Otherwise it says "within noise".
+
+    Unpaired runs (different seeds, or one run against a published number): True when
+    ``difference`` is larger in size than the seed-to-seed ``spread`` of one run. Paired runs:
+    pass the :class:`Paired` result alone, and the paired test decides (``p < 0.05``); a
+    difference and a band are the wrong yardstick for runs that share their seeds.
 
     >>> band = Spread(values=(0.50, 0.53, 0.49), low=0.49, high=0.53)
     >>> beyond_noise(0.10, band), beyond_noise(-0.02, band)
     (True, False)
     """
+    if isinstance(difference, Paired):
+        if spread is not None:
+            raise TypeError("beyond_noise(paired) takes the Paired result alone: the paired test "
+                            "already measured the noise")
+        return difference.beyond_noise
     if not isinstance(spread, Spread):
         raise TypeError(f"beyond_noise() needs a Spread from seed_spread(), got {type(spread).__name__}")
     return abs(_finite_real(difference, "beyond_noise()'s difference")) > spread.width
+
+
+def _check_seeds(seeds, at_least: int, caller: str) -> tuple:
+    seeds = tuple(seeds)
+    if len(seeds) < at_least:
+        raise ValueError(f"{caller} needs at least {at_least} seeds to measure noise, got {seeds!r}")
+    if not all(isinstance(seed, numbers.Integral) and not isinstance(seed, bool) for seed in seeds):
+        raise TypeError(f"seeds must be integers, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must differ from each other, got {seeds!r}")
+    return tuple(int(seed) for seed in seeds)
+
+
+def _outcomes(run, seeds: tuple, name: str) -> tuple:
+    """``run(seed)`` for every seed (random states restored afterwards), or ``run`` itself when it
+    is the outcomes already measured, one per seed; each one finite real number."""
+    if callable(run):
+        saved = _random_states()
+        try:
+            return tuple(_finite_real(run(seed), f"{name}({seed})") for seed in seeds)
+        finally:
+            _restore_random_states(saved)
+    if isinstance(run, (str, bytes)) or not hasattr(run, "__len__"):
+        raise TypeError(f"{name} must be a function {name}(seed) -> number, or one outcome per seed; "
+                        f"got {type(run).__name__}")
+    if len(run) != len(seeds):
+        raise ValueError(f"{name} has {len(run)} outcomes for {len(seeds)} seeds {seeds!r}")
+    return tuple(_finite_real(value, f"{name} with seed {seed}") for value, seed in zip(run, seeds))
+
+
+def _sample_sd(values) -> float:
+    """The sample standard deviation (n - 1 in the denominator)."""
+    mean = math.fsum(values) / len(values)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def _finite_real(value, what: str) -> float:
@@ -139,7 +255,8 @@ def _finite_real(value, what: str) -> float:
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise TypeError(f"{what} must be one real number, got {type(value).__name__}")
     if not math.isfinite(value):
-        raise ValueError(f"{what} is {value}: a spread is measured on finite outcomes")
+        raise ValueError(f"{what} is {value}: noise is measured on finite outcomes (a run that "
+                         f"diverged is a result to report, not a number to average)")
     return float(value)
 
 

@@ -2,6 +2,7 @@
 backs the sentences that state its computed results with checks that fail the build."""
 import ast
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -128,3 +129,101 @@ def test_seed_spread_and_beyond_noise_refuse_what_they_cannot_use():
         beyond_noise(0.1, (0.49, 0.53))
     with pytest.raises(ValueError, match="difference"):
         beyond_noise(float("nan"), Spread(values=(1.0, 1.0), low=1.0, high=1.0))
+
+
+# --- Noise, paired: paired_difference ------------------------------------------------------------
+
+from mpcourse.claims import Paired, paired_difference  # noqa: E402
+
+
+def test_paired_difference_is_the_paired_t_test_of_the_per_seed_differences():
+    from scipy.stats import ttest_rel
+    a, b = [0.512, 0.498, 0.530, 0.471, 0.505], [0.500, 0.493, 0.515, 0.466, 0.503]
+    result = paired_difference(lambda seed: a[seed], lambda seed: b[seed])
+    reference = ttest_rel(a, b)
+    assert result.seeds == (0, 1, 2, 3, 4) and result.a == tuple(a) and result.b == tuple(b)
+    assert result.differences == pytest.approx([x - y for x, y in zip(a, b)])
+    assert result.mean == pytest.approx(np.mean(np.subtract(a, b)))
+    assert result.sd == pytest.approx(np.std(np.subtract(a, b), ddof=1))
+    assert (result.t, result.p) == pytest.approx((reference.statistic, reference.pvalue))
+
+
+def test_paired_difference_takes_outcomes_already_measured_in_the_order_of_the_seeds():
+    measured = paired_difference([1.0, 2.0, 3.5], [0.9, 1.8, 3.45], seeds=(7, 8, 9))
+    called = paired_difference(lambda s: {7: 1.0, 8: 2.0, 9: 3.5}[s], lambda s: {7: 0.9, 8: 1.8, 9: 3.45}[s],
+                               seeds=(7, 8, 9))
+    assert measured == called
+
+
+def test_a_difference_the_same_on_every_seed_is_certain_and_none_at_all_is_no_difference():
+    same = paired_difference([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], seeds=(0, 1, 2))
+    assert (same.t, same.p, same.beyond_noise, same.verdict) == (0.0, 1.0, False, "within noise")
+    shifted = paired_difference([1.5, 2.5, 3.5], [1.0, 2.0, 3.0], seeds=(0, 1, 2))
+    assert (shifted.t, shifted.p, shifted.beyond_noise) == (math.inf, 0.0, True)
+
+
+def test_beyond_noise_takes_a_paired_result_alone():
+    result = paired_difference([1.1, 2.2, 3.05, 4.1], [1.0, 2.0, 3.0, 4.0], seeds=(0, 1, 2, 3))
+    assert beyond_noise(result) is result.beyond_noise is (result.p < 0.05)
+    assert str(result).endswith(result.verdict)
+    with pytest.raises(TypeError, match="alone"):
+        beyond_noise(result, Spread(values=(1.0, 2.0), low=1.0, high=2.0))
+
+
+@pytest.mark.parametrize("seeds, error", [((0, 1), ValueError), ((0, 0, 1), ValueError), ((0, 1, 2.5), TypeError)])
+def test_paired_difference_refuses_seeds_that_cannot_measure_noise(seeds, error):
+    with pytest.raises(error, match="seed"):
+        paired_difference(lambda seed: 1.0, lambda seed: 2.0, seeds=seeds)
+
+
+@pytest.mark.parametrize("outcome, error", [(float("nan"), ValueError), ("0.5", TypeError), (None, TypeError),
+                                            (torch.tensor([1.0, 2.0]), TypeError)])
+def test_paired_difference_refuses_an_outcome_that_is_not_one_finite_number(outcome, error):
+    with pytest.raises(error, match=r"run_b\(0\)"):
+        paired_difference(lambda seed: 1.0, lambda seed: outcome)
+
+
+def test_paired_difference_refuses_what_is_neither_a_run_nor_one_outcome_per_seed():
+    with pytest.raises(TypeError, match="run_a"):
+        paired_difference(3.0, [1.0, 2.0, 3.0], seeds=(0, 1, 2))
+    with pytest.raises(ValueError, match="2 outcomes for 3 seeds"):
+        paired_difference([1.0, 2.0], [1.0, 2.0, 3.0], seeds=(0, 1, 2))
+
+
+def test_paired_difference_leaves_the_global_random_states_as_they_were():
+    torch.manual_seed(5)
+    expected = torch.rand(1).item()
+    torch.manual_seed(5)
+    paired_difference(lambda seed: float(torch.manual_seed(seed) and torch.rand(1)),
+                      lambda seed: float(torch.rand(1)), seeds=(0, 1, 2))
+    assert torch.rand(1).item() == expected
+
+
+def test_ablation_a_difference_the_band_calls_noise_is_found_by_pairing():
+    """The same comparison judged two ways: pure BF16 weights against FP32 on the digits MLP, one
+    epoch, five seeds that fix the initial weights and the batch order of both runs. The band of
+    FP32's seed-to-seed outcomes is too wide to see the difference; the paired test finds it."""
+    import torch.nn.functional as F
+    from mpcourse.workloads import DigitsMLP, batches, load_digits, seed_everything
+    train, _ = load_digits()
+
+    def final_loss(seed, dtype=torch.float32):
+        seed_everything(seed)
+        model = DigitsMLP().to(dtype)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        losses = []
+        for x, y in batches(train, 64, generator=torch.Generator().manual_seed(seed)):
+            loss = F.cross_entropy(model(x.to(dtype)).float(), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return sum(losses) / len(losses)
+
+    seeds = (0, 1, 2, 3, 4)
+    fp32 = [final_loss(seed) for seed in seeds]
+    bf16 = [final_loss(seed, torch.bfloat16) for seed in seeds]
+    band = Spread(values=tuple(fp32), low=min(fp32), high=max(fp32))
+    paired = paired_difference(bf16, fp32, seeds=seeds)
+    assert not beyond_noise(paired.mean, band), "the unpaired band should miss this difference"
+    assert beyond_noise(paired) and paired.mean > 0, f"the paired test should find it: {paired}"
