@@ -24,8 +24,8 @@ Reading (the CPU build)::
     from mpcourse.gpu_record import committed
     for run in committed("05_bf16_and_tf32"):   # one per GPU committed, oldest torch first
         print(run.label, run.get("bf16_speedup"))
-    beside("05_bf16_and_tf32", "autocast_dtypes")  # Markdown: each GPU's table, labelled, or
-                                                  # the one line NOT_YET until one is committed
+    beside("05_bf16_and_tf32", "autocast_dtypes",  # Markdown: each GPU's table, labelled, or
+           measures="CUDA autocast's dtype per op")  # one line saying what a GPU run measures
 
 The file (``SCHEMA`` = 1)::
 
@@ -63,8 +63,11 @@ ENV = "MPCOURSE_RECORD_GPU"
 DATA = Path(__file__).resolve().parent / "data"
 GPU_DATA = DATA / "gpu"       # committed chapter records: <device-slug>/<notebook stem>.json
 BENCH_DATA = DATA / "bench"   # committed benchmark reports: <device-slug>-<date>/report.json
-NOT_YET = ("No GPU run of this has been committed yet: the figures here are this CPU's. "
-           "See the appendix *GPU reports* for how a GPU run is recorded.")
+# Where no GPU run is committed, the page shows no empty table: one line says what a GPU run of the
+# cell measures, and links to the appendix that says how to record one.
+REPORTS_PAGE = "gpu_reports.md"
+NOT_YET = ("On a GPU, this cell also measures {measures}; no GPU run of it is committed yet "
+           "(appendix [GPU reports](" + REPORTS_PAGE + "): how to record one).")
 
 
 def jsonable(value):
@@ -203,14 +206,19 @@ def committed(stem: str, root=None) -> list[Recorded]:
     return sorted(found, key=lambda r: (_version_key(r.torch), r.slug))
 
 
-def beside(stem: str, name: str, root=None):
+def beside(stem: str, name: str, root=None, *, measures: str):
     """The committed GPU results ``name`` of notebook ``stem`` as Markdown to show beside a
-    chapter's live CPU result: one labelled table or number per GPU, or the one line
-    :data:`NOT_YET` while none is committed (or none recorded ``name``)."""
+    chapter's live CPU result: one labelled table or number per GPU, or, while none is committed
+    (or none recorded ``name``), the one line :data:`NOT_YET`, which says what a GPU run of the
+    cell ``measures`` (a phrase: "the peak memory and time of one AMP training step") and links
+    to the appendix *GPU reports*. A CPU build never shows an empty table."""
     from mpcourse.display import Markdown, markdown_table
+    if not isinstance(measures, str) or not measures.strip() or measures.rstrip().endswith("."):
+        raise ValueError("beside() needs measures=, a phrase saying what a GPU run of the cell "
+                         f"measures (no final full stop), got {measures!r}")
     runs = [run for run in committed(stem, root) if name in run.results]
     if not runs:
-        return Markdown(NOT_YET)
+        return Markdown(NOT_YET.format(measures=measures.strip()))
     parts = []
     for run in runs:
         value, note = run.get(name), run.results[name].get("note", "")

@@ -280,13 +280,22 @@ def test_dataclass_fields_of_the_results_are_all_in_the_report(report_dir):
     assert all(key in report for key in represented.values())
 
 
-def test_beside_shows_each_gpu_labelled_or_says_none_is_committed(tmp_path):
-    assert beside("05_bf16_and_tf32", "autocast", root=tmp_path).data == NOT_YET
+def test_beside_shows_each_gpu_labelled_or_one_line_on_what_a_gpu_run_measures(tmp_path):
+    what = "CUDA autocast's dtype for each op"
+    none_yet = beside("05_bf16_and_tf32", "autocast", root=tmp_path, measures=what).data
+    assert none_yet == NOT_YET.format(measures=what) and "\n" not in none_yet and "|" not in none_yet
+    assert what in none_yet and "](gpu_reports.md)" in none_yet  # what it measures, and where to read on
     rec = recorder("05_bf16_and_tf32", "cpu", folder=tmp_path)
     rec.table("autocast", [("matmul", torch.float16)], ["op", "dtype"], note="CUDA autocast")
     rec.number("speedup", 2.5)
-    table = beside("05_bf16_and_tf32", "autocast", root=tmp_path).data
+    table = beside("05_bf16_and_tf32", "autocast", root=tmp_path, measures=what).data
     (run,) = committed("05_bf16_and_tf32", root=tmp_path)
     assert table.startswith(f"On {run.label} (CUDA autocast):") and "| matmul | torch.float16 |" in table
-    assert beside("05_bf16_and_tf32", "speedup", root=tmp_path).data == f"On {run.label}: **2.5**."
-    assert beside("05_bf16_and_tf32", "absent", root=tmp_path).data == NOT_YET
+    assert beside("05_bf16_and_tf32", "speedup", root=tmp_path, measures="x").data == f"On {run.label}: **2.5**."
+    assert beside("05_bf16_and_tf32", "absent", root=tmp_path, measures=what).data == NOT_YET.format(measures=what)
+
+
+@pytest.mark.parametrize("measures", ["", "  ", None, "the peak memory."])
+def test_beside_needs_a_phrase_saying_what_a_gpu_run_measures(tmp_path, measures):
+    with pytest.raises(ValueError, match="measures="):
+        beside("05_bf16_and_tf32", "autocast", root=tmp_path, measures=measures)
