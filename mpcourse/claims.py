@@ -108,7 +108,8 @@ def seed_spread(run, seeds=(0, 1, 2)) -> Spread:
     ``run(seed)`` must seed everything that differs between two honest runs (the initialisation
     *and* the data order) from ``seed``, and return one finite real number (a final loss, an
     accuracy). The global random states of ``random``, NumPy and torch are restored afterwards, so
-    measuring the noise does not change what the notebook's later cells draw.
+    measuring the noise does not change what the notebook's later cells draw. ``run`` may also be
+    the outcomes already measured, one per seed (``seed_spread(paired.b, paired.seeds)``).
 
     >>> band = seed_spread(lambda seed: [0.50, 0.53, 0.49][seed])
     >>> band
@@ -116,8 +117,6 @@ def seed_spread(run, seeds=(0, 1, 2)) -> Spread:
     >>> round(band.sd, 4)
     0.0208
     """
-    if not callable(run):
-        raise TypeError(f"seed_spread() needs a function run(seed) -> number, got {type(run).__name__}")
     seeds = _check_seeds(seeds, at_least=2, caller="seed_spread()")
     values = _outcomes(run, seeds, "run")
     return Spread(values=values, low=min(values), high=max(values))

@@ -227,3 +227,10 @@ def test_ablation_a_difference_the_band_calls_noise_is_found_by_pairing():
     paired = paired_difference(bf16, fp32, seeds=seeds)
     assert not beyond_noise(paired.mean, band), "the unpaired band should miss this difference"
     assert beyond_noise(paired) and paired.mean > 0, f"the paired test should find it: {paired}"
+
+
+def test_seed_spread_takes_outcomes_already_measured():
+    assert seed_spread([0.5, 0.53, 0.49], seeds=(4, 5, 6)) == seed_spread(lambda s: {4: 0.5, 5: 0.53, 6: 0.49}[s],
+                                                                         seeds=(4, 5, 6))
+    with pytest.raises(ValueError, match="2 outcomes for 3 seeds"):
+        seed_spread([0.5, 0.53], seeds=(0, 1, 2))
