@@ -41,6 +41,7 @@ def _resolve_output_links(app, doctree, docname) -> None:
         if target not in app.env.found_docs:
             continue  # not a page of the book: left alone (the browser test reports broken links)
         ref["refuri"] = app.builder.get_relative_uri(docname, target) + (f"#{url.fragment}" if url.fragment else "")
+        ref["internal"] = True  # styled as a link within the book, not an external one
 
 
 def setup(app):
