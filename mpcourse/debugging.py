@@ -203,12 +203,24 @@ class NonFiniteReport:
                          "loss was already non-finite (look at the loss and the loss scale).")
         elif r.tensor.endswith("output gradient"):
             lines.append(f"The gradient recorded just before it, {self.previous.describe()}, "
-                         f"was finite: the inf or NaN arose in the backward of what uses this "
+                         f"was finite: the {_kind(s)} arose in the backward of what uses this "
                          f"module's output (in a plain stack of layers, the next layer).")
-        else:
+        elif s.inf:
             lines.append("This module's backward produced it: a parameter's gradient sums over "
                          "the batch, and often overflows before any activation gradient does.")
+        else:  # NaN and no inf: an invalid operation, not an overflow
+            lines.append("This module's backward produced it by an invalid operation, not an "
+                         "overflow: 0 * inf, inf - inf or 0/0, such as the infinite derivative of "
+                         "a square root or a norm at 0 times a zero. NaN stays NaN at every loss "
+                         "scale.")
         return "\n".join(lines)
+
+
+def _kind(stats: TensorStats) -> str:
+    """What a non-finite gradient holds, in words: an overflow (inf) or an invalid operation (NaN)."""
+    if stats.inf and stats.nan:
+        return "inf (an overflow) and NaN"
+    return "inf (an overflow)" if stats.inf else "NaN (an invalid operation such as 0 * inf, not an overflow)"
 
 
 class NonFiniteError(FloatingPointError):

@@ -233,7 +233,7 @@ def cross_entropy_fp32(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
     all in FP32 (FP64 input stays FP64). ``logits`` has shape ``(..., C)`` and ``targets`` holds
     class indices of shape ``(...)``. The form matters for a confident right answer: there
     ``m = z_t``, the first term is exactly 0 and the whole loss is the ``log1p`` of a small sum,
-    kept to FP32's *relative* precision at any margin. The textbook ``z_t - (m + log Σ_j
+    kept to FP32's *relative* precision at any margin. The usual ``z_t - (m + log Σ_j
     exp(z_j - m))`` adds the small ``log Σ`` to the large ``m`` first and loses it: with a
     margin of 20.5 over 999 classes the loss is 1.2e-6, half an ulp of 20.5 is 9.5e-7, and it
     returns exactly 0. ``F.cross_entropy(logits.float(), targets)`` (``(z_t - m) - log Σ``)

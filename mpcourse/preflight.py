@@ -19,6 +19,14 @@ from mpcourse.debugging import ROOT, _check_format, _floating_tensors, tensor_st
 from mpcourse.formats import get_format, round_to
 
 FP8_BITS = 8  # formats this narrow are used with a per-tensor scale, as FP8 training does
+# A per-tensor FP8 recipe (Transformer Engine's HYBRID, the default of its delayed and current
+# scaling) keeps activations and weights in E4M3 and stores gradients in E5M2, whose range is
+# 2^14 times wider: the gradients of an "e4m3" report are measured in E5M2.
+GRADIENT_FORMAT = {"e4m3": "e5m2"}
+FINER_SCALING = ("needs finer scaling: after a per-tensor scale (amax mapped to the format's "
+                 "largest value) more than 1% of the non-zero gradient values still round to zero; "
+                 "give the modules named a scale per block (MXFP8: 32 values; 128 in DeepSeek-V3's "
+                 "recipe) or keep them in BF16")
 
 
 @dataclass
@@ -36,7 +44,10 @@ class PreflightReport:
         """The verdicts, the FP16 loss-scale range, and one table row per activation or gradient."""
         lines = ["| format | verdict | modules responsible |", "|---|---|---|"]
         for name, verdict in self.verdicts.items():
-            lines.append(f"| {name} | {verdict} | {', '.join(self.culprits[name]) or '-'} |")
+            shown = f"{name} (gradients in {GRADIENT_FORMAT[name]})" if name in GRADIENT_FORMAT else name
+            lines.append(f"| {shown} | {verdict} | {', '.join(self.culprits[name]) or '-'} |")
+        if "needs finer scaling" in self.verdicts.values():
+            lines += ["", FINER_SCALING[0].upper() + FINER_SCALING[1:] + "."]
         if self.loss_scale is None:
             lines += ["", f"FP16 loss scale: none works ({self.loss_scale_reason})."]
         else:
@@ -154,12 +165,15 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
       overflow when cast to the format (round to inf, or beyond its largest value where it has
       no inf; as :func:`tensor_stats` counts), ``g`` the share of the non-zero elements that
       round to zero. Formats of 8 bits or fewer (E4M3, E5M2, ...) are measured after a
-      per-tensor scale ``fmt.max_value / amax``, as FP8 training does. A module called several
-      times contributes all its outputs; a tensor that receives no gradient counts as zeros.
+      per-tensor scale ``fmt.max_value / amax``, as FP8 training does, and for ``"e4m3"`` the
+      gradient rows are measured in E5M2 (:data:`GRADIENT_FORMAT`), the gradient format of the
+      per-tensor recipes. A module called several times contributes all its outputs; a tensor
+      that receives no gradient counts as zeros.
     - ``verdicts``: per format, ``"overflow"`` (some activation or gradient overflows at scale 1,
       or is already inf/NaN in FP32), else ``"needs loss scaling"`` (more than 1% of the non-zero
-      gradient elements underflow; for the scaled 8-bit formats ``"needs finer scaling"``), else
-      ``"ok"``. The verdicts assume activations and gradients stored in the format with the
+      gradient elements underflow; for the scaled 8-bit formats ``"needs finer scaling"``: the
+      per-tensor scale cannot serve the range of those gradients, see :data:`FINER_SCALING`),
+      else ``"ok"``. The verdicts assume activations and gradients stored in the format with the
       weights kept in FP32, and they judge *range*, not precision: a model that is "ok" in BF16
       may still lose accuracy to BF16's 8 significant bits.
     - ``culprits``: per format, the modules responsible for its verdict (empty when "ok").
@@ -230,6 +244,8 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
                  "max_abs": finite.max().item() if finite.numel() else math.nan,
                  "min_nonzero_abs": nonzero.min().item() if nonzero.numel() else 0.0}
         for name, fmt in fmts.items():
+            if tensor_name != "activation" and fmt.name in GRADIENT_FORMAT:
+                fmt = get_format(GRADIENT_FORMAT[fmt.name])
             entry[name] = _format_shares(values, fmt)
         return entry, values
 

@@ -442,16 +442,22 @@ def _cpu_bf16_instructions() -> str | None:
 @dataclass(frozen=True)
 class PrecisionChoice:
     """What :func:`select_precision` chose, and why: one sentence per decision in ``reasons``.
-    ``fallback``: what to train in if the choice misbehaves (compare with a short run in it)."""
+    ``fallback``: what to train in if the choice misbehaves (compare with a short run in it).
+    ``fp8_recipe``: for ``"fp8"``, the name of the scaling recipe (a key of
+    :data:`mpcourse.fp8.RECIPES`) the GPU's tensor cores serve: ``"hybrid"`` (a scale per tensor)
+    on 8.9 and 9.x, ``"mxfp8"`` (a scale per block of 32, in hardware) from 10.0 on."""
 
     precision: str
     reasons: tuple[str, ...]
     profile: DeviceProfile
     tf32: bool = False
     fallback: str | None = None
+    fp8_recipe: str | None = None
 
     def config(self, **options) -> TrainerConfig:
-        """A :class:`TrainerConfig` with this precision (and TF32 where chosen)."""
+        """A :class:`TrainerConfig` with this precision (and TF32, and the FP8 recipe, where chosen)."""
+        if self.fp8_recipe is not None:
+            options.setdefault("fp8_recipe", self.fp8_recipe)
         return TrainerConfig(precision=self.precision, tf32=self.tf32, **options)
 
 
@@ -460,7 +466,8 @@ def select_precision(device=None, *, capability: tuple[int, int] | None = None,
     """The precision flowchart, as code::
 
         CUDA, capability >= 8.0                             -> bf16, TF32 for the FP32 matmuls
-          ... and allow_fp8=True, >= 8.9, _scaled_mm runs   -> fp8  (fallback bf16)
+          ... and allow_fp8=True, >= 8.9, _scaled_mm runs   -> fp8  (fallback bf16): a scale per
+              tensor on 8.9 and 9.x (Ada, Hopper), MXFP8 blocks of 32 from 10.0 (Blackwell)
         CUDA, capability >= 7.0                             -> fp16 with dynamic loss scaling
         CUDA, older                                         -> fp32
         CPU with BF16 matrix instructions (AVX512_BF16/AMX) -> bf16
@@ -502,12 +509,24 @@ def _select_cuda(profile: DeviceProfile, allow_fp8: bool) -> PrecisionChoice:
             reasons.append("It has FP8 tensor cores (8.9 and newer), but torch._scaled_mm does not "
                            "run here (PyTorch or CUDA too old), so FP8 is out.")
         else:
-            reasons += ["It has FP8 tensor cores (8.9 and newer: Ada, Hopper, Blackwell), and FP8 was "
-                        "asked for (allow_fp8=True): the linear layers run in FP8 (E4M3 forward, "
-                        "E5M2 gradients, scaled per tensor).",
-                        "FP8 pays off for large, matmul-heavy models; compare its loss curve with the "
-                        "BF16 baseline, and fall back to BF16 if it departs."]
-            return PrecisionChoice("fp8", tuple(reasons), profile, tf32=True, fallback="bf16")
+            if cap >= (10, 0):
+                recipe = "mxfp8"
+                reasons.append("It has FP8 tensor cores that scale blocks of 32 values in hardware "
+                               "(10.0 and newer: Blackwell), and FP8 was asked for (allow_fp8=True): "
+                               "the linear layers run in MXFP8 (E4M3 in both passes, one power-of-two "
+                               "E8M0 scale per 32 values), the recipe these tensor cores are built "
+                               "for; NVFP4 (4-bit values) is the further step.")
+            else:
+                recipe = "hybrid"
+                reasons.append("It has FP8 tensor cores (8.9 Ada, 9.x Hopper), and FP8 was asked for "
+                               "(allow_fp8=True): the linear layers run in FP8 with one scale per "
+                               "tensor (E4M3 forward, E5M2 gradients); a scale per block of 128 "
+                               "(DeepSeek-V3's recipe, Transformer Engine's Float8BlockScaling) "
+                               "also runs here.")
+            reasons.append("FP8 pays off for large, matmul-heavy models; compare its loss curve with "
+                           "the BF16 baseline, and fall back to BF16 if it departs.")
+            return PrecisionChoice("fp8", tuple(reasons), profile, tf32=True, fallback="bf16",
+                                   fp8_recipe=recipe)
     if cap >= (8, 0):
         reasons += ["It has BF16 tensor cores (8.0 and newer): BF16 autocast, no loss scaler, "
                     "since BF16 has FP32's exponent range.",

@@ -167,6 +167,46 @@ def test_finds_a_weight_gradient_overflow():
     assert "sums over the batch" in str(report)
 
 
+class GainNorm(nn.Module):
+    """x * gain / (sqrt(sum (x * gain)^2) + eps): finite forward on a zero row, NaN backward (0 * inf)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.gain = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        h = x * self.gain
+        return h / (h.square().sum(-1, keepdim=True).sqrt() + 1e-3)
+
+
+def test_a_nan_born_in_a_parameters_backward_is_called_an_invalid_operation_not_an_overflow():
+    x = torch.randn(4, 8)
+    x[3] = 0.0                                  # a zero row: d sqrt(s)/ds is infinite at s = 0
+    model = nn.Sequential(GainNorm(8), nn.Linear(8, 4))
+    with PrecisionDebugger(model) as debugger:
+        loss = F.cross_entropy(model(x), torch.arange(4))
+        loss.backward()
+    assert math.isfinite(loss.item())
+    report = debugger.first_nonfinite()
+    assert (report.phase, report.module, report.record.tensor) == ("backward", "0", "gain gradient")
+    assert report.record.stats.nan > 0 and report.record.stats.inf == 0
+    assert "invalid operation" in str(report) and "overflow" in str(report).splitlines()[1]
+    assert "sums over the batch" not in str(report)  # the overflow reading is for an inf
+
+
+def test_a_nan_handed_back_to_a_module_says_nan_not_overflow():
+    x = torch.randn(4, 8)
+    x[3] = 0.0
+    norm = GainNorm(8).requires_grad_(False)  # no parameter gradient: the NaN goes on to layer 0
+    model = nn.Sequential(nn.Linear(8, 8, bias=False), norm, nn.Linear(8, 4))
+    with PrecisionDebugger(model) as debugger:
+        F.cross_entropy(model(x), torch.arange(4)).backward()
+    report = debugger.first_nonfinite()
+    assert (report.module, report.record.tensor) == ("0", "output gradient")
+    assert report.record.stats.inf == 0 and report.previous.module == "1"
+    assert "NaN (an invalid operation" in str(report)
+
+
 def test_raise_on_nonfinite_names_the_module_and_hooks_go_even_so():
     model = overflowing_model()
     with pytest.raises(NonFiniteError, match="'2' \\(Scale\\)") as caught:

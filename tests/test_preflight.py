@@ -232,3 +232,30 @@ def test_no_loss_scale_when_every_gradient_is_zero():
     report = preflight(model, x, lambda out, t: 0.0 * out.sum(), y, formats=("fp16",))
     assert report.verdicts["fp16"] == "ok"
     assert report.loss_scale is None and "zero" in report.loss_scale_reason
+
+
+def spread_input(ratio, n=64):
+    """Inputs whose odd columns are `ratio` times smaller: the first weight gradient spans `ratio`."""
+    x, y = data(n)
+    x[:, 1::2] *= ratio
+    return x, y
+
+
+def test_fp8_gradients_are_judged_in_e5m2_the_gradient_format_of_per_tensor_recipes():
+    # A weight gradient spanning 2^-20: beyond E4M3's 2^17.8 binades after a per-tensor scale,
+    # well inside E5M2's 2^31.8. The per-tensor recipes store gradients in E5M2.
+    x, y = spread_input(2.0**-20)
+    report = preflight(mlp(), x, F.cross_entropy, y, formats=("e4m3", "e5m2"))
+    first = next(r for r in report.rows if r["parameter"] == "0.weight")
+    assert first["e4m3"] == first["e5m2"]            # gradients: both columns measured in E5M2
+    assert first["e4m3"]["underflow"] == 0
+    assert report.verdicts["e4m3"] == "ok"
+    assert round_to(torch.tensor(448 * 2.0**-20 * 0.5), "e4m3").item() == 0  # E4M3 would lose them
+    assert "e4m3 (gradients in e5m2)" in report.to_markdown()
+
+
+def test_needs_finer_scaling_is_said_and_defined_where_a_per_tensor_scale_cannot_serve():
+    x, y = spread_input(2.0**-40)                   # beyond E5M2's range too
+    report = preflight(mlp(), x, F.cross_entropy, y, formats=("e4m3",))
+    assert report.verdicts["e4m3"] == "needs finer scaling" and "0" in report.culprits["e4m3"]
+    assert "per-tensor scale" in report.to_markdown() and "per block" in report.to_markdown()

@@ -300,6 +300,20 @@ def test_select_precision_makes_bf16_the_default_and_fp8_a_step_asked_for():
     assert not any("FP8" in r for r in select_precision(capability=(8, 6)).reasons)
 
 
+def test_select_precision_fp8_follows_the_tensor_cores_scaling_per_tensor_then_per_block():
+    # Hopper and Ada: one scale per tensor (E4M3 forward, E5M2 gradients); Blackwell (10.0+)
+    # scales blocks of 32 in hardware: MXFP8, E4M3 in both passes (Transformer Engine's docs).
+    for capability in ((8, 9), (9, 0)):
+        choice = select_precision(capability=capability, allow_fp8=True)
+        assert choice.fp8_recipe == "hybrid" and "per tensor" in " ".join(choice.reasons)
+        assert choice.config().fp8_recipe == "hybrid"
+    blackwell = select_precision(capability=(10, 0), allow_fp8=True)
+    assert blackwell.fp8_recipe == "mxfp8" and blackwell.config().fp8_recipe == "mxfp8"
+    text = " ".join(blackwell.reasons)
+    assert "MXFP8" in text and "32" in text and "per tensor" not in text and "E5M2" not in text
+    assert select_precision(capability=(10, 0)).fp8_recipe is None  # BF16: no FP8 recipe
+
+
 def test_select_precision_fp8_needs_a_working_scaled_mm():
     no_scaled_mm = DeviceProfile("cuda", "L4, old PyTorch", (8, 9), fp8_matmul=False)
     choice = select_precision(no_scaled_mm, allow_fp8=True)
