@@ -78,9 +78,11 @@ def _context():
     # A fork server imports torch once and forks every worker from that warm process: starting a
     # worker then costs milliseconds instead of the seconds of a fresh `import torch`. Like spawn
     # (and unlike fork) it works from a notebook. Windows has neither, so spawn there.
+    # torch._dynamo too: torch.optim.Optimizer.__init__ imports it on first use, which would
+    # otherwise cost every worker that builds an optimizer seconds of its own.
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([__name__, "mpcourse.workloads", "sklearn.datasets"])
+        context.set_forkserver_preload([__name__, "mpcourse.workloads", "sklearn.datasets", "torch._dynamo"])
         return context
     return multiprocessing.get_context("spawn")
 
