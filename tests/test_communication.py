@@ -52,6 +52,16 @@ def test_run_workers_returns_each_ranks_result_in_rank_order():
     assert results == [(rank, 3, "tag", rank, 3) for rank in range(3)]
 
 
+def test_the_worker_server_started_ahead_is_the_one_run_workers_uses():
+    import multiprocessing.forkserver
+    comm.start_worker_server()
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    comm.start_worker_server()  # again: the same server
+    assert server is not None and multiprocessing.forkserver._forkserver._forkserver_pid == server
+    assert comm.run_workers(report_rank, 2, "ahead", backend="gloo") == [(r, 2, "ahead", r, 2) for r in range(2)]
+    assert multiprocessing.forkserver._forkserver._forkserver_pid == server
+
+
 def test_workers_start_with_the_import_an_optimizer_needs_already_done():
     assert comm.run_workers(builds_an_optimizer, 2, backend="gloo") == [True, True]
 
@@ -78,6 +88,7 @@ def test_a_hanging_worker_is_stopped_at_the_timeout():
     (lambda: comm.run_workers(report_rank, True, "x"), ValueError, "world_size"),
     (lambda: comm.run_workers(report_rank, 2, "x", backend="mpi"), ValueError, "gloo"),
     (lambda: comm.run_workers(report_rank, 2, "x", timeout=0), ValueError, "timeout"),
+    (lambda: comm.start_worker_server("torch._dynamo"), TypeError, "list of module names"),
     (lambda: comm.ring_allreduce_reference([]), ValueError, "non-empty list"),
     (lambda: comm.ring_allreduce_reference([torch.ones(3), torch.ones(4)]), ValueError, "shape"),
     (lambda: comm.ring_allreduce_reference([torch.ones(3, dtype=torch.int32)]), TypeError,
