@@ -29,6 +29,7 @@ import functools
 import math
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import pickle
 import socket
@@ -74,15 +75,38 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _context():
+# What the fork server imports once for all workers: what the course's experiments use. The
+# workloads and scikit-learn's datasets (workers that load the digits), and torch._dynamo, which
+# torch.optim.Optimizer.__init__ imports on first use: seconds in every worker that builds one.
+WORKER_PRELOAD = ("mpcourse.workloads", "sklearn.datasets", "torch._dynamo")
+
+
+def _context(preload=WORKER_PRELOAD):
     # A fork server imports torch once and forks every worker from that warm process: starting a
     # worker then costs milliseconds instead of the seconds of a fresh `import torch`. Like spawn
-    # (and unlike fork) it works from a notebook. Windows has neither, so spawn there.
+    # (and unlike fork) it works from a notebook. Windows has neither, so spawn there. The
+    # preload list counts only when the server starts (the first run, or start_worker_server).
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([__name__, "mpcourse.workloads", "sklearn.datasets"])
+        context.set_forkserver_preload([__name__, *preload])
         return context
     return multiprocessing.get_context("spawn")
+
+
+def start_worker_server(preload=WORKER_PRELOAD) -> None:
+    """Start the process that :func:`run_workers` forks its workers from, and return at once.
+
+    The server imports torch, this library and the modules in ``preload`` on its own, in the
+    background (seconds); a notebook that calls this early finds it ready when it first calls
+    :func:`run_workers`, instead of waiting for those imports then. A worker imports anything else
+    it needs itself, so a notebook whose workers need less can preload less: the default is what
+    the course's experiments use. Calling it again does nothing while the server runs. Where
+    workers are spawned rather than forked from a server (Windows), it does nothing.
+    """
+    if isinstance(preload, str) or not all(isinstance(name, str) for name in preload):
+        raise TypeError(f"preload takes a list of module names, got {preload!r}")
+    if _context(tuple(preload)).get_start_method() == "forkserver":
+        multiprocessing.forkserver.ensure_running()
 
 
 def _worker(rank, world_size, port, backend, timeout, fn, args, writer):

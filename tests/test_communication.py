@@ -5,6 +5,7 @@ own float16 arithmetic; the FP16 overflow reproduced and fixed; error feedback; 
 failures. Each test launches processes at most once (the first also starts the fork server)."""
 import math
 import os
+import sys
 import time
 
 import numpy as np
@@ -37,10 +38,32 @@ def sleep_long(rank, world_size):
     time.sleep(60)
 
 
+def builds_an_optimizer(rank, world_size):
+    # torch.optim.Optimizer.__init__ imports torch._dynamo on its first call: seconds per worker
+    # unless the fork server imported it once for all of them
+    already = "torch._dynamo" in sys.modules
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    return already
+
+
 # --- the launcher -----------------------------------------------------------------------------
 def test_run_workers_returns_each_ranks_result_in_rank_order():
     results = comm.run_workers(report_rank, 3, "tag", backend="gloo")
     assert results == [(rank, 3, "tag", rank, 3) for rank in range(3)]
+
+
+def test_the_worker_server_started_ahead_is_the_one_run_workers_uses():
+    import multiprocessing.forkserver
+    comm.start_worker_server()
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    comm.start_worker_server()  # again: the same server
+    assert server is not None and multiprocessing.forkserver._forkserver._forkserver_pid == server
+    assert comm.run_workers(report_rank, 2, "ahead", backend="gloo") == [(r, 2, "ahead", r, 2) for r in range(2)]
+    assert multiprocessing.forkserver._forkserver._forkserver_pid == server
+
+
+def test_workers_start_with_the_import_an_optimizer_needs_already_done():
+    assert comm.run_workers(builds_an_optimizer, 2, backend="gloo") == [True, True]
 
 
 def test_a_worker_exception_surfaces_as_a_clear_error_without_waiting_for_the_timeout():
@@ -65,6 +88,7 @@ def test_a_hanging_worker_is_stopped_at_the_timeout():
     (lambda: comm.run_workers(report_rank, True, "x"), ValueError, "world_size"),
     (lambda: comm.run_workers(report_rank, 2, "x", backend="mpi"), ValueError, "gloo"),
     (lambda: comm.run_workers(report_rank, 2, "x", timeout=0), ValueError, "timeout"),
+    (lambda: comm.start_worker_server("torch._dynamo"), TypeError, "list of module names"),
     (lambda: comm.ring_allreduce_reference([]), ValueError, "non-empty list"),
     (lambda: comm.ring_allreduce_reference([torch.ones(3), torch.ones(4)]), ValueError, "shape"),
     (lambda: comm.ring_allreduce_reference([torch.ones(3, dtype=torch.int32)]), TypeError,
