@@ -402,6 +402,28 @@ def test_compare_precisions_gives_a_row_per_precision_with_reasons(device, one_t
         assert result.row("bf16").skipped is None  # CPU autocast has BF16 in every torch >= 2.1
 
 
+def test_compare_precisions_interleaves_rounds_and_reports_their_spread(monkeypatch, one_thread):
+    """Each precision once per round, in a fresh order: drift spreads over all of them; the figures
+    are the median round, the spread the lowest and highest, the speed-up's spread round by round."""
+    from mpcourse.bench import precisions
+    timed, real = [], precisions._measure
+    monkeypatch.setattr(precisions, "_measure", lambda name, *a: timed.append(name) or real(name, *a))
+    result = compare_precisions("cpu", dim=16, heads=2, batch=2, seq_len=16, precisions=("fp32", "bf16", "fp16"),
+                                budget_ms=1, rounds=4, seed=3)
+    rounds = [timed[i:i + 3] for i in range(0, 12, 3)]
+    assert len(timed) == 12 and all(sorted(r) == ["bf16", "fp16", "fp32"] for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1
+    fp32 = result.row("fp32")
+    for row in result.rows:
+        assert len(row.step_rounds_ms) == 4 and row.step_ms in row.step_rounds_ms
+        assert min(row.step_rounds_ms) <= row.step_ms <= max(row.step_rounds_ms)
+        ratios = [b / r for b, r in zip(fp32.step_rounds_ms, row.step_rounds_ms)]
+        assert row.step_speedup_range == (min(ratios), max(ratios))
+    assert result.model_flops_per_step == 2 * 16 * (6 * result.parameters + 12 * 16 * 16)
+    with pytest.raises(ValueError, match="rounds"):
+        compare_precisions("cpu", dim=16, heads=2, batch=2, seq_len=16, rounds=0)
+
+
 def test_bench_command_writes_the_report(tmp_path, device):
     out = tmp_path / "report"
     run = subprocess.run([sys.executable, "-m", "mpcourse", "bench", "--quick", "--device",
