@@ -77,8 +77,8 @@ def matmul_bytes(m: int, n: int, k: int, precision="bf16") -> int:
         bytes = (m·k + k·n) · b_in + m·n · b_out
 
     with b_in the operands' element size (4 for FP32/TF32, 2 for FP16/BF16, 1 for FP8) and
-    b_out the result's (FP8: 2, a BF16 result, as :func:`matmul_tflops` asks of
-    ``torch._scaled_mm``; otherwise b_in). The roofline of chapter 7 and the benchmark report
+    b_out the result's (FP8: 2, a BF16 result, as :func:`matmul_tflops` asks of PyTorch's
+    ``F.scaled_mm``; otherwise b_in). The roofline of chapter 7 and the benchmark report
     both use this one definition.
     """
     precision = precision_name(precision)
