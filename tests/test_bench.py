@@ -346,6 +346,26 @@ def test_alignment_multiple_is_16_bytes_of_elements_and_alignment_effect_pads():
         2 * 15**3 / (rows[0].padded_result.timing.median_ms / 1e3) / 1e12)
 
 
+def test_alignment_effect_times_every_size_once_per_round_in_a_fresh_order(monkeypatch):
+    """Sizes timed one after the other (all rounds of 60, then of 62, ...) turn a drifting machine
+    into differences between sizes; interleaved rounds in random order spread the drift over all."""
+    from mpcourse.bench import probes
+    timed, real = [], probes.matmul_tflops
+    monkeypatch.setattr(probes, "matmul_tflops", lambda m, *a, **k: timed.append(m) or real(m, *a, **k))
+    rows = alignment_effect((13, 14, 16), "fp32", "cpu", rounds=4, seed=1, budget_ms=1, warmup_ms=0)
+    assert sorted(timed) == [13] * 4 + [14] * 4 + [16] * 4  # 13 and 14 pad to 16: timed once a round
+    rounds = [timed[i:i + 3] for i in range(0, 12, 3)]
+    assert all(sorted(r) == [13, 14, 16] for r in rounds) and len({tuple(r) for r in rounds}) > 1
+    for row in rows:
+        assert len(row.results) == len(row.padded_results) == 4
+        assert row.tflops_range[0] <= row.tflops <= row.tflops_range[1]
+        assert row.padded_tflops_range[0] <= row.padded_tflops <= row.padded_tflops_range[1]
+        assert row.result in row.results and row.padded_result in row.padded_results
+    assert rows[0].padded_results == rows[2].results  # 13's padded product is the 16 of the same rounds
+    with pytest.raises(ValueError, match="rounds"):
+        alignment_effect((16,), "fp32", "cpu", rounds=0)
+
+
 def test_tf32_mode_restores_the_flags_even_after_an_error():
     before = tf32_state()
     with tf32_mode(False):
@@ -380,6 +400,28 @@ def test_compare_precisions_gives_a_row_per_precision_with_reasons(device, one_t
     if device.type == "cpu":
         assert result.row("tf32").skipped and result.row("fp8").skipped
         assert result.row("bf16").skipped is None  # CPU autocast has BF16 in every torch >= 2.1
+
+
+def test_compare_precisions_interleaves_rounds_and_reports_their_spread(monkeypatch, one_thread):
+    """Each precision once per round, in a fresh order: drift spreads over all of them; the figures
+    are the median round, the spread the lowest and highest, the speed-up's spread round by round."""
+    from mpcourse.bench import precisions
+    timed, real = [], precisions._measure
+    monkeypatch.setattr(precisions, "_measure", lambda name, *a: timed.append(name) or real(name, *a))
+    result = compare_precisions("cpu", dim=16, heads=2, batch=2, seq_len=16, precisions=("fp32", "bf16", "fp16"),
+                                budget_ms=1, rounds=4, seed=3)
+    rounds = [timed[i:i + 3] for i in range(0, 12, 3)]
+    assert len(timed) == 12 and all(sorted(r) == ["bf16", "fp16", "fp32"] for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1
+    fp32 = result.row("fp32")
+    for row in result.rows:
+        assert len(row.step_rounds_ms) == 4 and row.step_ms in row.step_rounds_ms
+        assert min(row.step_rounds_ms) <= row.step_ms <= max(row.step_rounds_ms)
+        ratios = [b / r for b, r in zip(fp32.step_rounds_ms, row.step_rounds_ms)]
+        assert row.step_speedup_range == (min(ratios), max(ratios))
+    assert result.model_flops_per_step == 2 * 16 * (6 * result.parameters + 12 * 16 * 16)
+    with pytest.raises(ValueError, match="rounds"):
+        compare_precisions("cpu", dim=16, heads=2, batch=2, seq_len=16, rounds=0)
 
 
 def test_bench_command_writes_the_report(tmp_path, device):

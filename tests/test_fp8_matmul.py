@@ -1,12 +1,12 @@
 """scaled_matmul against a float64 product of the dequantized operands (FP32 accumulation within
-its error bound, float64 accumulation exactly), against torch._scaled_mm, and its narrow
+its error bound, float64 accumulation exactly), against PyTorch's FP8 product (F.scaled_mm), and its narrow
 accumulator against a scalar loop of round_scalar calls."""
 import numpy as np
 import pytest
 import torch
 
 from mpcourse.formats import round_scalar
-from mpcourse.fp8 import accumulator_format, native_fp8_support, quantize, scaled_matmul
+from mpcourse.fp8 import accumulator_format, native_fp8_support, native_scaled_mm, quantize, scaled_matmul
 
 U32 = 2.0**-24  # float32's unit roundoff
 
@@ -84,16 +84,26 @@ def test_torch_scaled_mm_agrees_with_the_emulation(name):
     assert ((bf16.double() - native.double()).abs() <= 2.0**-8 * native.abs()).all()  # one rounding
 
 
-def test_auto_emulates_on_cpu_and_torch_means_torch(monkeypatch):
+def test_auto_emulates_on_cpu_and_torch_means_the_public_scaled_mm(monkeypatch):
+    """backend="torch" is torch 2.13's public F.scaled_mm, told each scale's kind; the private
+    torch._scaled_mm only where a torch lacks the public one."""
     calls = []
-    real = torch._scaled_mm
-    monkeypatch.setattr(torch, "_scaled_mm",
-                        lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    public = torch.nn.functional.scaled_mm
+    monkeypatch.setattr(torch.nn.functional, "scaled_mm",
+                        lambda *args, **kwargs: calls.append(args[3]) or public(*args, **kwargs))
+    private = torch._scaled_mm
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *args, **kwargs: calls.append("private") or private(*args, **kwargs))
     a_q, b_q = quantize_pair("tensor x tensor")
     assert torch.equal(scaled_matmul(a_q, b_q), scaled_matmul(a_q, b_q, backend="emulate"))
-    assert calls == []  # on CPU torch._scaled_mm is an emulation too, and a slow one with oneDNN
+    assert calls == []  # on CPU the native product is an emulation too, and a slow one with oneDNN
     scaled_matmul(a_q, b_q, backend="torch")
-    assert calls == [1]
+    scaled_matmul(*quantize_pair("row x column"), backend="torch")
+    ScalingType = torch.nn.functional.ScalingType
+    assert calls == [ScalingType.TensorWise, ScalingType.RowWise]
+    monkeypatch.delattr(torch.nn.functional, "scaled_mm")  # an older torch
+    assert torch.equal(scaled_matmul(a_q, b_q, backend="torch"), native_scaled_mm(
+        a_q.data, b_q.data.t().contiguous().t(), 1.0 / a_q.scale, 1.0 / b_q.scale))
+    assert calls[2:] == ["private", "private"]
 
 
 def sequential_reference(a_q, b_q, fmt, stretch):
@@ -202,7 +212,7 @@ def test_emulated_product_ignores_autocast(low):
 
 
 def test_torch_backend_is_not_changed_by_an_enclosing_autocast_region():
-    """torch._scaled_mm has no autocast rule, but on a CPU it runs matmuls that autocast would
+    """PyTorch's FP8 product has no autocast rule, but on a CPU it runs matmuls that autocast would
     cast to BF16; scaled_matmul switches autocast off around it, as the emulation does."""
     g = torch.Generator().manual_seed(0)
     a = quantize(torch.randn(32, 64, generator=g), "e4m3")

@@ -183,11 +183,11 @@ def test_mx_floor_follows_the_spec(fmt):
 
 
 @pytest.mark.parametrize("fmt", [E4M3, E2M1], ids=str)
-def test_mx_ceil_never_saturates_and_is_the_smallest_such_power(fmt):
+def test_mx_rceil_never_saturates_and_is_the_smallest_such_power(fmt):
     x = sample(64, 64, seed=5)
     x[0, :32] = torch.linspace(-1, 1, 32) * 1.9 * 2.0**fmt.emax  # saturates under floor
     floor = quantize(x, fmt, granularity="mx")
-    ceil = quantize(x, fmt, granularity="mx", scale_rounding="ceil")
+    ceil = quantize(x, fmt, granularity="mx", scale_rounding="rceil")
     blocks = lambda q: (x * q.scale_per_element()).abs().reshape(64, 2, 32).amax(-1)  # noqa: E731
     assert blocks(floor)[0, 0] > fmt.max_value  # floor: this block's max saturates
     assert blocks(ceil).max() <= fmt.max_value  # ceil: none does
@@ -195,10 +195,20 @@ def test_mx_ceil_never_saturates_and_is_the_smallest_such_power(fmt):
     assert torch.all((ceil.scale == floor.scale) | (ceil.scale == floor.scale / 2))
 
 
+def test_mx_rounding_up_is_named_rceil_and_ceil_is_refused_as_torchaos_other_rule():
+    # torchao: CEIL is 2**(ceil(log2 amax) - emax), RCEIL 2**ceil(log2(amax / max)); at amax 300 in E4M3
+    # they differ (E = 1 and E = 0). Ours is RCEIL: 300 fits under 448 without moving a binade.
+    assert mx_shared_exponent(torch.tensor([300.0, 449.0]), E4M3, "rceil").tolist() == [0, 1]
+    with pytest.raises(ValueError, match="rceil"):
+        mx_shared_exponent(torch.tensor([300.0]), E4M3, "ceil")
+    with pytest.raises(ValueError, match="rceil"):
+        quantize(torch.ones(1, 32), granularity="mx", scale_rounding="ceil")
+
+
 def test_mx_shared_exponent_at_the_edges_of_e8m0():
     amax = torch.tensor([0.0, 2.0**-149, 2.0**-140, 1.0, 448.0, 449.0, 3.0e38])
     floor = mx_shared_exponent(amax, E4M3)
-    ceil = mx_shared_exponent(amax, E4M3, "ceil")
+    ceil = mx_shared_exponent(amax, E4M3, "rceil")
     assert floor.tolist() == [0, -127, -127, -8, 0, 0, 119]
     assert ceil.tolist() == [0, -127, -127, -8, 0, 1, 120]
     x = torch.full((1, 32), 2.0**-140)  # far below E8M0's 2**-127: clamped, stored as zeros

@@ -1,5 +1,11 @@
 """One transformer block, five precisions: forward and training-step time, memory, speed-up.
 
+Measured the way chapter 7 teaches: every precision is timed once per round, the rounds in a
+fresh random order each (a machine that drifts then spreads over all precisions instead of
+favouring the ones timed first), and each figure is the median round with the lowest and
+highest beside it. A speed-up is the ratio of the medians; its spread, the lowest and highest
+ratio within one round (the two runs of a round share the machine's state: a paired design).
+
 The precisions, each on a fresh copy of the same FP32 block:
 
     fp32   FP32 everywhere, TF32 off ("strict": the reference)
@@ -15,9 +21,10 @@ scaler is left out: it adds one multiply and one inf/NaN check per step, not wha
 from __future__ import annotations
 
 import copy
+import random
 import warnings
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -50,9 +57,11 @@ class PrecisionRow:
         peak_memory_mb: CUDA only: ``torch.cuda.max_memory_allocated()`` over one training step,
             this precision's weights, gradients, activations and the input included (MiB).
             None on a CPU: PyTorch's CPU allocator keeps no such statistic.
-        forward_speedup, step_speedup: FP32-strict time / this time.
+        forward_speedup, step_speedup: FP32-strict time / this time (medians).
         skipped: why the precision was not measured here, or None.
         note: what to keep in mind about the figure.
+        forward_rounds_ms, step_rounds_ms: each round's median time, in the order of the rounds.
+        step_speedup_range: the lowest and highest FP32-strict / this time within a round.
     """
     precision: str
     description: str
@@ -63,16 +72,43 @@ class PrecisionRow:
     step_speedup: float | None = None
     skipped: str | None = None
     note: str = ""
+    forward_rounds_ms: tuple = ()
+    step_rounds_ms: tuple = ()
+    step_speedup_range: tuple | None = None
 
 
 @dataclass(frozen=True)
 class PrecisionComparison:
-    """What :func:`compare_precisions` measured, and the conditions it measured under."""
+    """What :func:`compare_precisions` measured, and the conditions it measured under.
+
+    ``parameters`` and ``tokens`` (batch x sequence length) give the model FLOPs of one training
+    step (forward and backward), as PaLM counts them for model FLOPs utilisation (MFU)::
+
+        model_flops_per_step = tokens * (6 * parameters + 12 * seq_len * dim)
+
+    (6 per parameter and token: 2 forward, 4 backward; the second term is attention's q·kᵀ and
+    its product with v, which have no parameters.) MFU is that over the step time, over the
+    device's dense peak.
+    """
     rows: tuple[PrecisionRow, ...]
     device: str
     model: str
     tf32_before: str     # the TF32 settings found on entry (restored on exit)
     threads: int         # torch's CPU threads during the measurement
+    parameters: int = 0
+    tokens: int = 0
+    seq_len: int = 0
+    dim: int = 0
+    rounds: int = 1
+
+    @property
+    def model_flops_per_step(self) -> int:
+        return self.tokens * (6 * self.parameters + 12 * self.seq_len * self.dim)
+
+    def model_tflops(self, precision: str) -> float | None:
+        """Model FLOPs per second of one training step in ``precision``, in TFLOP/s."""
+        row = self.row(precision)
+        return None if row.step_ms is None else self.model_flops_per_step / (row.step_ms * 1e-3) / 1e12
 
     def row(self, precision: str) -> PrecisionRow:
         return next(r for r in self.rows if r.precision == precision_name(precision))
@@ -80,7 +116,7 @@ class PrecisionComparison:
 
 def compare_precisions(device=None, *, dim: int | None = None, heads: int | None = None,
                        batch: int | None = None, seq_len: int | None = None,
-                       precisions=PRECISIONS, budget_ms: float = 200.0,
+                       precisions=PRECISIONS, budget_ms: float = 200.0, rounds: int = 3,
                        seed: int = 0) -> PrecisionComparison:
     """Time one pre-norm transformer block (:class:`mpcourse.workloads.Block`) per precision.
 
@@ -95,8 +131,9 @@ def compare_precisions(device=None, *, dim: int | None = None, heads: int | None
         dim, heads, batch, seq_len: the block and its input (batch, seq_len, dim). Default
             ``DEFAULT_SHAPES``: dim 1024 on a GPU, 128 on a CPU.
         precisions: which rows to produce (names of ``PRECISIONS``); the speed-ups need "fp32".
-        budget_ms: time budget of each measurement.
-        seed: the block's initialisation and input.
+        budget_ms: time budget of each measurement (one per precision, round and pass).
+        rounds: how many times each precision is timed, in a fresh random order each round.
+        seed: the block's initialisation and input, and the order of the rounds.
 
     Returns:
         A :class:`PrecisionComparison`; ``rows`` in the order of ``precisions``.
@@ -112,28 +149,51 @@ def compare_precisions(device=None, *, dim: int | None = None, heads: int | None
     x = torch.randn(batch, seq_len, dim, device=device,
                     generator=torch.Generator(device=device).manual_seed(seed))
 
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
     tf32_before = tf32_state()
-    measured = {}
+    skipped, models = {}, {}
     for name in names:
         reason = _skip_reason(name, device, batch * seq_len, dim)
         if reason is not None:
-            measured[name] = PrecisionRow(name, DESCRIPTIONS[name], skipped=reason)
+            skipped[name] = reason
             continue
-        model = copy.deepcopy(reference).to(device)
+        models[name] = copy.deepcopy(reference).to(device)
         if name == "fp8":
-            convert_to_fp8(model)
-        try:
-            with tf32_mode(name == "tf32"):
-                measured[name] = _measure(name, model, x, device, budget_ms)
-        except RuntimeError as error:  # e.g. out of memory, a kernel this GPU lacks
-            measured[name] = PrecisionRow(name, DESCRIPTIONS[name],
-                                          skipped=f"failed here: {str(error).splitlines()[0]}")
-        del model
+            convert_to_fp8(models[name])
+    times = {name: [] for name in models}  # each round's (forward_ms, step_ms)
+    order = random.Random(seed)
+    for _ in range(rounds):
+        for name in order.sample(list(models), len(models)):
+            if name in skipped:
+                continue
+            try:
+                with tf32_mode(name == "tf32"):
+                    times[name].append(_measure(name, models[name], x, device, budget_ms))
+            except RuntimeError as error:  # e.g. out of memory, a kernel this GPU lacks
+                skipped[name] = f"failed here: {str(error).splitlines()[0]}"
+    measured = {}
+    for name in names:
+        if name in skipped:
+            measured[name] = PrecisionRow(name, DESCRIPTIONS[name], skipped=skipped[name])
+            continue
+        forward, step = zip(*times[name])
+        memory = _peak_memory(name, models[name], x, device)
+        measured[name] = PrecisionRow(name, DESCRIPTIONS[name], _median(forward), _median(step), memory,
+                                      note=_note(name, device), forward_rounds_ms=forward, step_rounds_ms=step)
+    models.clear()
     baseline = measured.get("fp32")
     rows = tuple(_with_speedups(measured[name], baseline) for name in names)
+    parameters = sum(p.numel() for p in reference.parameters())
     model_text = (f"transformer Block(dim={dim}, heads={heads}), input ({batch}, {seq_len}, "
-                  f"{dim}), {sum(p.numel() for p in reference.parameters()):,} parameters")
-    return PrecisionComparison(rows, str(device), model_text, tf32_before, torch.get_num_threads())
+                  f"{dim}), {parameters:,} parameters")
+    return PrecisionComparison(rows, str(device), model_text, tf32_before, torch.get_num_threads(),
+                               parameters, batch * seq_len, seq_len, dim, rounds)
+
+
+def _median(values) -> float:
+    """The median round (the upper middle one for an even count): a time that was measured."""
+    return sorted(values)[len(values) // 2]
 
 
 def _skip_reason(name: str, device: torch.device, tokens: int, dim: int) -> str | None:
@@ -149,7 +209,7 @@ def _skip_reason(name: str, device: torch.device, tokens: int, dim: int) -> str 
         if probe.dtype != dtype:
             return f"this PyTorch's CPU autocast does not support {dtype}"
     if name == "fp8" and (tokens % 16 or dim % 16):
-        return (f"torch._scaled_mm needs sizes that are multiples of 16; batch x seq_len = "
+        return (f"F.scaled_mm needs sizes that are multiples of 16; batch x seq_len = "
                 f"{tokens} and dim = {dim}")
     return None
 
@@ -157,43 +217,53 @@ def _skip_reason(name: str, device: torch.device, tokens: int, dim: int) -> str 
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 
 
-def _measure(name, model, x, device, budget_ms) -> PrecisionRow:
+def _autocast(name, device):
     dtype = _AUTOCAST_DTYPES.get(name)
-    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
+    return (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else nullcontext
 
+
+def _step(name, model, x, device):
+    model.zero_grad(set_to_none=True)
+    with _autocast(name, device)():
+        loss = model(x).float().square().mean()
+    loss.backward()
+
+
+def _measure(name, model, x, device, budget_ms) -> tuple[float, float]:
+    """One round: the median forward and training-step times, in ms."""
     def forward():
-        with torch.no_grad(), autocast():
+        with torch.no_grad(), _autocast(name, device)():
             model(x)
 
-    def step():
-        model.zero_grad(set_to_none=True)
-        with autocast():
-            loss = model(x).float().square().mean()
-        loss.backward()
-
     options = dict(device=device, budget_ms=budget_ms, warmup_ms=budget_ms / 4)
-    forward_ms = benchmark(forward, **options).median_ms
-    step_ms = benchmark(step, **options).median_ms
-    memory = None
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        step()
-        torch.cuda.synchronize(device)
-        memory = torch.cuda.max_memory_allocated(device) / 2**20
-    note = ""
+    return (benchmark(forward, **options).median_ms,
+            benchmark(lambda: _step(name, model, x, device), **options).median_ms)
+
+
+def _peak_memory(name, model, x, device) -> float | None:
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    with tf32_mode(name == "tf32"):
+        _step(name, model, x, device)
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) / 2**20
+
+
+def _note(name, device) -> str:
     if name == "fp8":
-        note = ("the course's readable Fp8Linear: quantization in separate kernels and a "
+        return ("the course's readable Fp8Linear: quantization in separate kernels and a "
                 "finiteness check (a GPU sync) per tensor; fused FP8 layers (Transformer Engine) "
                 "are faster")
-    elif device.type == "cpu" and name in ("fp16", "bf16"):
-        note = precision_support(name, device)[1]
-    return PrecisionRow(name, DESCRIPTIONS[name], forward_ms, step_ms, memory, note=note)
+    if device.type == "cpu" and name in ("fp16", "bf16"):
+        return precision_support(name, device)[1]
+    return ""
 
 
 def _with_speedups(row: PrecisionRow, baseline: PrecisionRow | None) -> PrecisionRow:
     if row.skipped or baseline is None or baseline.skipped:
         return row
-    return PrecisionRow(row.precision, row.description, row.forward_ms, row.step_ms,
-                        row.peak_memory_mb, baseline.forward_ms / row.forward_ms,
-                        baseline.step_ms / row.step_ms, None, row.note)
+    ratios = [b / r for b, r in zip(baseline.step_rounds_ms, row.step_rounds_ms)]  # round by round
+    return replace(row, forward_speedup=baseline.forward_ms / row.forward_ms,
+                   step_speedup=baseline.step_ms / row.step_ms, step_speedup_range=(min(ratios), max(ratios)))

@@ -15,6 +15,7 @@ A copy of B bytes reads B and writes B, so the bandwidth it achieves is 2·B / t
 from __future__ import annotations
 
 import functools
+import random
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from mpcourse.bench.specs import (PRECISION_DTYPES, PRECISION_LABELS, as_device, device_info,
                                   precision_name, precision_support)
 from mpcourse.bench.timing import BenchmarkResult, benchmark
+from mpcourse.fp8.matmul import native_scaled_mm
 
 
 # --- TF32 ------------------------------------------------------------------------------------
@@ -64,7 +66,7 @@ def tf32_state() -> str:
 
 
 # --- matrix products -------------------------------------------------------------------------
-# The result's element size: FP8 products (torch._scaled_mm, as timed here) write a BF16 result.
+# The result's element size: FP8 products (F.scaled_mm, as timed here) write a BF16 result.
 OUTPUT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}
 
 
@@ -75,8 +77,8 @@ def matmul_bytes(m: int, n: int, k: int, precision="bf16") -> int:
         bytes = (m·k + k·n) · b_in + m·n · b_out
 
     with b_in the operands' element size (4 for FP32/TF32, 2 for FP16/BF16, 1 for FP8) and
-    b_out the result's (FP8: 2, a BF16 result, as :func:`matmul_tflops` asks of
-    ``torch._scaled_mm``; otherwise b_in). The roofline of chapter 7 and the benchmark report
+    b_out the result's (FP8: 2, a BF16 result, as :func:`matmul_tflops` asks of PyTorch's
+    ``F.scaled_mm``; otherwise b_in). The roofline of chapter 7 and the benchmark report
     both use this one definition.
     """
     precision = precision_name(precision)
@@ -132,8 +134,9 @@ def matmul_tflops(m: int, n: int, k: int, precision="bf16", device=None,
     Args:
         m, n, k: the sizes (positive ints).
         precision: ``"fp32"`` (TF32 off: strict FP32), ``"tf32"`` (FP32 tensors, TF32 allowed),
-            ``"fp16"``, ``"bf16"``, ``"fp8"`` (E4M3 x E4M3 through ``torch._scaled_mm`` with
-            unit scales and a BF16 result; m, n, k multiples of 16), or a torch dtype.
+            ``"fp16"``, ``"bf16"``, ``"fp8"`` (E4M3 x E4M3 through PyTorch's FP8 product,
+            :func:`~mpcourse.fp8.native_scaled_mm`, with unit scales and a BF16 result; m, n, k
+            multiples of 16), or a torch dtype.
         device: default CUDA if available, else the CPU.
         options: passed to :func:`~mpcourse.bench.benchmark` (``budget_ms``, ``flush_l2``, ...);
             ``flush_l2`` defaults to True on CUDA (cold L2, as ``triton.testing.do_bench``).
@@ -154,7 +157,7 @@ def matmul_tflops(m: int, n: int, k: int, precision="bf16", device=None,
     if not supported:
         raise ValueError(f"cannot time an {PRECISION_LABELS[precision]} matmul here: {reason}")
     if precision == "fp8" and any(size % 16 for size in (m, n, k)):
-        raise ValueError(f"FP8 matmuls (torch._scaled_mm) need m, n, k multiples of 16, "
+        raise ValueError(f"FP8 matmuls (F.scaled_mm) need m, n, k multiples of 16, "
                          f"got {m}, {n}, {k}; pad them (pad_to_multiple)")
     _check_fits(m, n, k, precision, device)
     fn, a, b = _operands(m, n, k, precision, device)
@@ -177,8 +180,7 @@ def _operands(m, n, k, precision, device):
     a = torch.randn(m, k, device=device, generator=generator).to(e4m3)
     b = torch.randn(n, k, device=device, generator=generator).to(e4m3).t()  # column-major
     one = torch.ones((), device=device)
-    return functools.partial(torch._scaled_mm, scale_a=one, scale_b=one,
-                             out_dtype=torch.bfloat16), a, b
+    return functools.partial(native_scaled_mm, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), a, b
 
 
 def _check_fits(m, n, k, precision, device) -> None:
@@ -344,14 +346,19 @@ def pad_to_multiple(x, multiple: int, dims=(-2, -1)):
 class AlignmentRow:
     """One square size n: its own matmul, and the same product padded to ``padded_size``.
 
-    ``padded_tflops`` counts only the useful work, 2·n³, over the padded product's time: the
-    speed the caller sees when padding is the fix.
+    Each product is timed once per round (:func:`alignment_effect`): ``results`` and
+    ``padded_results`` hold the rounds, and ``result`` / ``padded_result`` the round with the
+    median throughput (the upper one of two middle rounds). ``padded_tflops`` counts only the
+    useful work, 2·n³, over the padded product's time: the speed the caller sees when padding is
+    the fix. ``tflops_range`` and ``padded_tflops_range`` give the lowest and highest round.
     """
     size: int
     multiple: int
     result: MatmulResult
     padded_size: int
     padded_result: MatmulResult
+    results: tuple = ()
+    padded_results: tuple = ()
 
     @property
     def aligned(self) -> bool:
@@ -363,7 +370,26 @@ class AlignmentRow:
 
     @property
     def padded_tflops(self) -> float:
-        return self.result.flops / (self.padded_result.timing.median_ms * 1e-3) / 1e12
+        return self.useful_tflops(self.padded_result)
+
+    def useful_tflops(self, padded: MatmulResult) -> float:
+        """2·n³ over the time of one timing of the padded product."""
+        return self.result.flops / (padded.timing.median_ms * 1e-3) / 1e12
+
+    @property
+    def tflops_range(self) -> tuple[float, float]:
+        rounds = [r.tflops for r in self.results or (self.result,)]
+        return min(rounds), max(rounds)
+
+    @property
+    def padded_tflops_range(self) -> tuple[float, float]:
+        rounds = [self.useful_tflops(r) for r in self.padded_results or (self.padded_result,)]
+        return min(rounds), max(rounds)
+
+
+def _median_round(results: list) -> MatmulResult:
+    """The round whose throughput is the median (the upper middle one for an even count)."""
+    return sorted(results, key=lambda r: r.tflops)[len(results) // 2]
 
 
 DEFAULT_ALIGNMENT_SIZES = {"cuda": (4088, 4092, 4095, 4096, 4097, 4100, 4104),
@@ -371,7 +397,7 @@ DEFAULT_ALIGNMENT_SIZES = {"cuda": (4088, 4092, 4095, 4096, 4097, 4100, 4104),
 
 
 def alignment_effect(sizes=None, precision=None, device=None, multiple: int | None = None,
-                     **options) -> list[AlignmentRow]:
+                     rounds: int = 5, seed: int = 0, **options) -> list[AlignmentRow]:
     """Matmul speed at sizes that are and are not multiples of ``multiple``, and after padding.
 
     For each n of ``sizes``: the n x n x n product, and the product padded to the next multiple
@@ -379,14 +405,24 @@ def alignment_effect(sizes=None, precision=None, device=None, multiple: int | No
     speed (cuBLAS falls back to slower kernels); padding wins it back for a few percent more
     work. On CPUs the effect is usually small.
 
+    Every distinct size (the sizes and their padded sizes) is timed once per round, ``rounds``
+    times, in a new random order each round (from ``seed``): a machine that drifts (clocks,
+    other processes, a warming cache) then spreads over all sizes instead of favouring the ones
+    timed first, and the rounds give each size a spread. A size and its padded product share
+    their rounds, so the two can be compared round by round (a paired design).
+
     Args:
         sizes: square sizes; default ``DEFAULT_ALIGNMENT_SIZES`` for the device type.
         precision: default BF16 where the device accelerates it, else FP16 on a GPU and FP32
             on a CPU.
         device: default CUDA if available, else the CPU.
         multiple: default :func:`alignment_multiple` of the precision.
+        rounds: how many times each size is timed (a positive int).
+        seed: seeds the order of the sizes in each round.
         options: passed to :func:`~mpcourse.bench.benchmark`.
     """
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
     device = as_device(device)
     kind = "cuda" if device.type == "cuda" else "cpu"
     if precision is None:
@@ -394,11 +430,13 @@ def alignment_effect(sizes=None, precision=None, device=None, multiple: int | No
             ("fp16" if kind == "cuda" else "fp32")
     precision = precision_name(precision)
     multiple = alignment_multiple(precision) if multiple is None else multiple
-    rows = []
-    for n in DEFAULT_ALIGNMENT_SIZES[kind] if sizes is None else sizes:
-        result = matmul_tflops(n, n, n, precision, device, **options)
-        padded = pad_to_multiple(n, multiple)
-        padded_result = result if padded == n else matmul_tflops(padded, padded, padded,
-                                                                 precision, device, **options)
-        rows.append(AlignmentRow(n, multiple, result, padded, padded_result))
-    return rows
+    sizes = list(DEFAULT_ALIGNMENT_SIZES[kind] if sizes is None else sizes)
+    padded = {n: pad_to_multiple(n, multiple) for n in sizes}
+    timed = sorted(set(sizes) | set(padded.values()))
+    order = random.Random(seed)
+    times = {n: [] for n in timed}
+    for _ in range(rounds):
+        for n in order.sample(timed, len(timed)):  # this round's order
+            times[n].append(matmul_tflops(n, n, n, precision, device, **options))
+    return [AlignmentRow(n, multiple, _median_round(times[n]), padded[n], _median_round(times[padded[n]]),
+                         tuple(times[n]), tuple(times[padded[n]])) for n in sizes]

@@ -137,13 +137,25 @@ def plot_alignment(rows: list[AlignmentRow], ax=None):
     """Matmul TFLOP/s at each size, aligned or not, and after padding to the multiple."""
     ax = _axes(ax)
     sizes = [r.size for r in rows]
+    rounds = len(rows[0].results) or 1
+
+    def spread(values, ranges):  # error bars from the median round to the lowest and highest
+        return [[v - lo for v, (lo, _) in zip(values, ranges)], [hi - v for v, (_, hi) in zip(values, ranges)]]
+
     ax.plot(sizes, [r.tflops for r in rows], color="0.6", zorder=1)
     for aligned, marker, label in ((True, "o", "aligned"), (False, "x", "not aligned")):
         chosen = [r for r in rows if r.aligned == aligned]
-        ax.scatter([r.size for r in chosen], [r.tflops for r in chosen], marker=marker,
-                   color="tab:blue", label=f"n x n x n, {label}", zorder=2)
-    ax.scatter(sizes, [r.padded_tflops for r in rows], marker="^", color="tab:green",
-               label="padded to the multiple (useful FLOPs only)", zorder=2)
+        ax.errorbar([r.size for r in chosen], [r.tflops for r in chosen],
+                    yerr=spread([r.tflops for r in chosen], [r.tflops_range for r in chosen]),
+                    fmt=marker, color="tab:blue", capsize=3, label=f"n x n x n, {label}", zorder=2)
+    unaligned = [r for r in rows if not r.aligned]
+    ax.errorbar([r.size + 0.15 for r in unaligned], [r.padded_tflops for r in unaligned],
+                yerr=spread([r.padded_tflops for r in unaligned], [r.padded_tflops_range for r in unaligned]),
+                fmt="^", color="tab:green", capsize=3, label="padded to the multiple (useful FLOPs only)",
+                zorder=2)
+    if rounds > 1:
+        ax.text(0.01, 0.01, f"median of {rounds} rounds, bars: lowest to highest", transform=ax.transAxes,
+                fontsize=7, color="0.4")
     precision = PRECISION_LABELS[rows[0].result.precision]
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("matrix size n")
@@ -230,8 +242,9 @@ def report_markdown(results: SuiteResults, figures=FIGURES) -> str:
         sections.append(f"Skipped: {results.alignment}.")
     else:
         sections.append(_table(_alignment_rows(results),
-                               ["n", f"multiple of {results.alignment[0].multiple}", "TFLOP/s",
-                                "padded to", "TFLOP/s padded (useful)"]))
+                               ["n", f"multiple of {results.alignment[0].multiple}",
+                                "TFLOP/s, median round (lowest to highest)", "padded to",
+                                "TFLOP/s padded (useful), median round (lowest to highest)"]))
     sections.append("## A transformer block in every precision")
     if isinstance(results.precisions, str):
         sections.append(f"Skipped: {results.precisions}.")
@@ -327,8 +340,9 @@ def _bandwidth_text(results):
 
 
 def _alignment_rows(results):
-    return [(r.size, "yes" if r.aligned else "no", f"{r.tflops:.3g}", r.padded_size,
-             f"{r.padded_tflops:.3g}") for r in results.alignment]
+    return [(r.size, "yes" if r.aligned else "no", f"{r.tflops:.3g} ({r.tflops_range[0]:.3g} to "
+             f"{r.tflops_range[1]:.3g})", r.padded_size, f"{r.padded_tflops:.3g} ({r.padded_tflops_range[0]:.3g} "
+             f"to {r.padded_tflops_range[1]:.3g})") for r in results.alignment]
 
 
 def _precision_rows(results):

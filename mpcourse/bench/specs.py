@@ -374,7 +374,7 @@ def precision_support(precision, device=None) -> tuple[bool, str]:
             return False, ("TF32 is a mode of NVIDIA tensor cores (compute capability 8.0+); "
                            "a CPU has none")
         if precision == "fp8":
-            return False, ("a CPU has no FP8 units: torch._scaled_mm there is an FP32 emulation, "
+            return False, ("a CPU has no FP8 units: F.scaled_mm there is an FP32 emulation, "
                            "whose speed says nothing about FP8")
         fast = info.accelerates[precision]
         label = PRECISION_LABELS[precision]

@@ -6,8 +6,10 @@ The two 8-bit formats of training (OCP FP8, in torch as ``float8_e4m3fn`` and ``
     E4M3    448      2**-6            2**-9               3              2**-4          NaN only
     E5M2    57344    2**-14           2**-16              2              2**-3          both
 
-E4M3 has the precision, E5M2 the range; the usual recipe (Transformer Engine's HYBRID) stores
-activations and weights in E4M3 and gradients, which span more binades, in E5M2.
+E4M3 has the precision, E5M2 the range. With one scale per tensor, the HYBRID format (the
+default format of Transformer Engine's per-tensor recipes) stores activations and weights in E4M3
+and gradients, which span more binades, in E5M2; block-scaled recipes (MXFP8, DeepSeek-V3's
+blocks) store all three in E4M3.
 
 Neither range is wide enough for raw tensors, so every tensor is *scaled* first, and here the
 scale multiplies (the convention of Transformer Engine and torchao)::
@@ -30,8 +32,9 @@ The chain, one module per step:
 - :mod:`~mpcourse.fp8.microscaling`: the MX shared exponent (E8M0) and NVFP4's two scales.
 - :mod:`~mpcourse.fp8.scaling`: :class:`DelayedScaling` (amax history), :class:`CurrentScaling`,
   :class:`Fp8Recipe`.
-- :mod:`~mpcourse.fp8.matmul`: :func:`scaled_matmul` (``torch._scaled_mm`` or an exact emulation,
-  FP32 or a narrow accumulator, DeepSeek-V3's promotion), :func:`accumulator_format`.
+- :mod:`~mpcourse.fp8.matmul`: :func:`scaled_matmul` (PyTorch's FP8 product,
+  ``torch.nn.functional.scaled_mm``, or an exact emulation, FP32 or a narrow accumulator,
+  DeepSeek-V3's promotion), :func:`accumulator_format`, :func:`native_scaled_mm`.
 - :mod:`~mpcourse.fp8.recipes`: :class:`BlockRecipe`, the block-scaled recipes (MXFP8, NVFP4,
   DeepSeek-V3's blockwise) and the recipe names :data:`RECIPES`.
 - :mod:`~mpcourse.fp8.linear`: :class:`Fp8Linear` and :func:`convert_to_fp8`, trainable on CPU.
@@ -45,7 +48,7 @@ Example::
     y = scaled_matmul(a, w.t())                 # ≈ a_original @ w_original.T, shape (64, 32)
 """
 from mpcourse.fp8.linear import Fp8Linear, convert_to_fp8
-from mpcourse.fp8.matmul import accumulator_format, native_fp8_support, scaled_matmul
+from mpcourse.fp8.matmul import accumulator_format, native_fp8_support, native_scaled_mm, scaled_matmul
 from mpcourse.fp8.microscaling import mx_shared_exponent, nvfp4_scales
 from mpcourse.fp8.quantization import GRANULARITIES, QuantizedTensor, amax_to_scale, quantize
 from mpcourse.fp8.recipes import RECIPES, BlockRecipe, get_recipe
@@ -54,5 +57,5 @@ from mpcourse.fp8.scaling import CurrentScaling, DelayedScaling, Fp8Recipe
 __all__ = [
     "BlockRecipe", "RECIPES", "get_recipe", "CurrentScaling", "DelayedScaling", "Fp8Linear", "Fp8Recipe", "GRANULARITIES",
     "QuantizedTensor", "accumulator_format", "amax_to_scale", "convert_to_fp8",
-    "mx_shared_exponent", "native_fp8_support", "nvfp4_scales", "quantize", "scaled_matmul",
+    "mx_shared_exponent", "native_fp8_support", "native_scaled_mm", "nvfp4_scales", "quantize", "scaled_matmul",
 ]

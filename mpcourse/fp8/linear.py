@@ -119,8 +119,8 @@ class Fp8Linear(nn.Linear):
     Same ``weight`` and ``bias`` parameters (FP32) and state dict as ``nn.Linear`` (plus three
     int64 buffers with NVFP4, see below); what changes is ``forward`` and its gradient (see the
     module docstring). Trainable on a CPU: the FP8
-    products run through :func:`~mpcourse.fp8.scaled_matmul` (``torch._scaled_mm`` where
-    available, else the exact emulation). The amax histories are not part of the state dict.
+    products run through :func:`~mpcourse.fp8.scaled_matmul` (PyTorch's ``scaled_mm`` on an FP8
+    GPU, else the exact emulation). The amax histories are not part of the state dict.
 
     Args:
         in_features, out_features, bias, device, dtype: as for ``nn.Linear``.

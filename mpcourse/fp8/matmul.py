@@ -24,15 +24,18 @@ to an FP32 register on the CUDA cores. ``accumulate=accumulator_format(13)`` emu
 narrow accumulator (the running sum rounded to 13 mantissa bits after every addition) and
 ``promote_every=128`` the fix.
 
-**Backends.** ``torch._scaled_mm`` is PyTorch's FP8 product. It takes the data in a torch
-float8 dtype, ``b`` column-major, the *dequantizing* scales ``1 / scale`` as float32 tensors
-(per tensor, or row-wise: (M, 1) for a and (1, N) for b), and accumulates in FP32. On CUDA it
-needs compute capability 8.9 or newer (Ada, Hopper, Blackwell) and M, K, N multiples of 16. On a
-CPU it is itself an emulation: it converts to float32, multiplies by the scales and calls an FP32
-matmul, or, on CPUs with AMX, goes through oneDNN, which is slow (over a second for one 256³
-product on the machine this was written on). So ``backend="auto"`` uses it on FP8 GPUs only, and
-the exact emulation here everywhere else; the emulation also does blocks, FP6/FP4 elements and
-narrow accumulators.
+**Backends.** PyTorch's FP8 product is, in torch 2.13, the public
+``torch.nn.functional.scaled_mm``: float8 data, ``b`` column-major, *decoding* scales ``1 / scale``
+(float32), and the kind of each scale (``F.ScalingType.TensorWise``, ``RowWise``, and the block
+kinds ``BlockWise1x16``, ``BlockWise1x32``, ``BlockWise1x128``, ``BlockWise128x128`` on the GPUs
+that have kernels for them). Older code calls the private ``torch._scaled_mm`` (per tensor or
+row-wise), which :func:`native_scaled_mm` falls back to in a torch without the public one. It
+accumulates in FP32. On CUDA it needs compute capability 8.9 or newer (Ada, Hopper, Blackwell) and
+M, K, N multiples of 16. On a CPU it is itself an emulation: it converts to float32, multiplies by
+the scales and calls an FP32 matmul, or, on CPUs with AMX, goes through oneDNN, which is slow
+(over a second for one 256³ product on the machine this was written on). So ``backend="auto"``
+uses it on FP8 GPUs only, and the exact emulation here everywhere else; the emulation also does
+blocks, FP6/FP4 elements and narrow accumulators.
 """
 from __future__ import annotations
 
@@ -59,13 +62,41 @@ def accumulator_format(mantissa_bits: int) -> FloatFormat:
     return FloatFormat(f"acc_m{mantissa_bits}", exponent_bits=8, mantissa_bits=mantissa_bits)
 
 
+def native_scaled_mm(a_data: torch.Tensor, b_data: torch.Tensor, scale_a: torch.Tensor,
+                     scale_b: torch.Tensor, out_dtype: torch.dtype = torch.float32,
+                     use_fast_accum: bool = False) -> torch.Tensor:
+    """PyTorch's FP8 product ``(a_data * scale_a) @ (b_data * scale_b)``, accumulated in FP32.
+
+    ``a_data`` (M, K) row-major and ``b_data`` (K, N) column-major, both float8; the *decoding*
+    scales are one-element tensors (per tensor) or (M, 1) and (1, N) (one per row of a and column
+    of b), float32. ``use_fast_accum=True`` lets Hopper's tensor cores keep the narrow running sum
+    (see the module docstring). Calls the public ``torch.nn.functional.scaled_mm`` (torch 2.13)
+    with the matching ``ScalingType``, or, in an older torch without it, ``torch._scaled_mm``.
+    Autocast is off inside: the product is FP8 x FP8 -> ``out_dtype``, whatever region encloses it.
+    """
+    per_tensor = scale_a.numel() == 1 and scale_b.numel() == 1
+    # No autocast rule covers these ops, yet on a CPU they run ordinary matmuls inside, which an
+    # enclosing autocast region would cast to 16 bits.
+    with torch.autocast(a_data.device.type, enabled=False):
+        functional = torch.nn.functional
+        if hasattr(functional, "scaled_mm"):
+            kind = functional.ScalingType.TensorWise if per_tensor else functional.ScalingType.RowWise
+            if per_tensor:
+                scale_a, scale_b = scale_a.reshape(()), scale_b.reshape(())
+            return functional.scaled_mm(a_data, b_data, scale_a, kind, scale_b, kind,
+                                        output_dtype=out_dtype, use_fast_accum=use_fast_accum)
+        out = torch._scaled_mm(a_data, b_data, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype,
+                               use_fast_accum=use_fast_accum)
+    return out[0] if isinstance(out, tuple) else out  # torch < 2.4 also returned an amax
+
+
 def native_fp8_support(device) -> tuple[bool, str]:
-    """Whether ``torch._scaled_mm`` can run on ``device``, and a sentence saying why (not)."""
+    """Whether PyTorch's FP8 product can run on ``device``, and a sentence saying why (not)."""
     device = torch.device(device)
     if device.type == "cpu":
-        return True, "on CPU, torch._scaled_mm runs (as an FP32 emulation inside PyTorch)"
+        return True, "on CPU, PyTorch's FP8 product runs (as an FP32 emulation inside PyTorch)"
     if device.type != "cuda":
-        return False, f"this library uses torch._scaled_mm on CPU and CUDA only, not {device.type}"
+        return False, f"this library uses PyTorch's FP8 product on CPU and CUDA only, not {device.type}"
     name = torch.cuda.get_device_name(device)
     capability = torch.cuda.get_device_capability(device)
     if capability < (8, 9):
@@ -94,10 +125,10 @@ def scaled_matmul(a: QuantizedTensor, b: QuantizedTensor, *, out_dtype: torch.dt
             every this many elements of K, as DeepSeek-V3 does every 128. None: only where the
             scales change. (Partial sums are promoted every gcd(a's group, b's group,
             promote_every) elements along K: for powers of two, the smallest of the three.)
-        backend: ``"emulate"``: the exact emulation, any device. ``"torch"``: ``torch._scaled_mm``
-            (CPU or GPU), ValueError where it cannot compute this product (non-float8 data,
-            blocks, an emulated accumulator, an old GPU). ``"auto"``: ``torch._scaled_mm`` on a
-            GPU with FP8 tensor cores where it can compute the product, else the emulation (on
+        backend: ``"emulate"``: the exact emulation, any device. ``"torch"``: PyTorch's FP8
+            product, :func:`native_scaled_mm` (CPU or GPU), ValueError where it cannot compute
+            this product (non-float8 data, blocks, an emulated accumulator, an old GPU). ``"auto"``:
+            PyTorch's product on a GPU with FP8 tensor cores where it can compute the product, else the emulation (on
             CPU always; a one-time warning on a GPU without FP8 tensor cores).
 
     Returns:
@@ -153,7 +184,7 @@ def _constant_along_k(a: QuantizedTensor, b: QuantizedTensor) -> bool:
 
 
 def _native_problem(a, b, out_dtype, accumulate, promote_every) -> str | None:
-    """Why torch._scaled_mm cannot compute this product here, or None if it can."""
+    """Why PyTorch's FP8 product cannot compute this product here, or None if it can."""
     if a.data.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or \
             b.data.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         return f"it takes E4M3/E5M2 data, not {a.fmt.name} x {b.fmt.name}"
@@ -179,7 +210,7 @@ def _native_problem(a, b, out_dtype, accumulate, promote_every) -> str | None:
 
 
 def _torch_scaled_mm(a: QuantizedTensor, b: QuantizedTensor, out_dtype) -> torch.Tensor:
-    """torch._scaled_mm with its layout: a row-major, b column-major, scales as 1 / scale."""
+    """PyTorch's FP8 product with its layout: a row-major, b column-major, scales as 1 / scale."""
     a_data = a.data.contiguous()
     b_data = b.data.t().contiguous().t()
     if a.granularity == "tensor" and b.granularity == "tensor":
@@ -188,14 +219,10 @@ def _torch_scaled_mm(a: QuantizedTensor, b: QuantizedTensor, out_dtype) -> torch
         scale_a = 1.0 / a.scale_per_element().expand(a.shape)[:, :1].contiguous()
         scale_b = 1.0 / b.scale_per_element().expand(b.shape)[:1, :].contiguous()
     try:
-        # No autocast rule covers _scaled_mm, yet on a CPU it runs ordinary matmuls inside, which
-        # an enclosing autocast region would cast to 16 bits: the product is FP8 x FP8 -> FP32.
-        with torch.autocast(a.data.device.type, enabled=False):
-            out = torch._scaled_mm(a_data, b_data, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+        return native_scaled_mm(a_data, b_data, scale_a.float(), scale_b.float(), out_dtype)
     except RuntimeError as error:
-        raise RuntimeError(f"torch._scaled_mm refused this product on {a.data.device} ({error}); "
+        raise RuntimeError(f"PyTorch's scaled_mm refused this product on {a.data.device} ({error}); "
                            "backend='emulate' computes it on any device") from error
-    return out[0] if isinstance(out, tuple) else out  # torch < 2.4 also returned an amax
 
 
 def _emulate(a: QuantizedTensor, b: QuantizedTensor, accumulate, promote_every) -> torch.Tensor:

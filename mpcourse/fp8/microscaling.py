@@ -21,14 +21,19 @@ This module computes those scales in the form the hardware stores them. Here, as
 of the element format's largest normal number (E4M3: 8, E5M2: 15, E3M2: 4, E2M3 and E2M1: 2)::
 
     "floor" (the spec):  E = floor(log2(amax)) - emax
-    "ceil":              E = the smallest integer with amax / 2**E <= fmt.max_value
+    "rceil":             E = ceil(log2(amax / fmt.max_value)), the smallest integer with
+                         amax / 2**E <= fmt.max_value
 
 ``"floor"`` maps the block maximum into ``[2**emax, 2**(emax+1))``, the top binade of the
 element format, but the format's largest value sits below the top of that binade (E4M3: 448, not
 511), so block maxima in between saturate: up to 12.5 % error for E4M3, 25 % for E2M1 (6 versus
-7.99). ``"ceil"`` goes one binade up exactly when that would happen, so nothing saturates, at
+7.99). ``"rceil"`` goes one binade up exactly when that would happen, so nothing saturates, at
 the price of one bit of headroom in those blocks; NVIDIA's MXFP8 training recipe rounds up this
-way. E is clamped to E8M0's range [-127, 127]; its code is ``E + 127``.
+way, and cuBLAS and torchao call it RCEIL. (torchao's ``CEIL`` is another rule,
+``E = ceil(log2(amax)) - emax``, which moves every block whose maximum is not a power of two up a
+binade: for amax 300 in E4M3 it gives E = 1 where RCEIL gives 0. This library has no "ceil",
+so that neither name is taken for the other.) E is clamped to E8M0's range [-127, 127]; its
+code is ``E + 127``.
 
 **NVFP4** (NVIDIA's recipe; the FP4 formula in Transformer Engine and torchao)::
 
@@ -48,7 +53,7 @@ import torch
 from mpcourse.formats import E2M1, E2M3, E3M2, E4M3, E5M2, FloatFormat, round_to
 
 MX_ELEMENT_FORMATS = (E4M3, E5M2, E3M2, E2M3, E2M1)
-MX_SCALE_ROUNDINGS = ("floor", "ceil")
+MX_SCALE_ROUNDINGS = ("floor", "rceil")
 E8M0_BIAS = 127
 
 
@@ -57,13 +62,17 @@ def mx_shared_exponent(amax: torch.Tensor, fmt: FloatFormat, rounding: str = "fl
 
     The block is stored as elements ``x / 2**E``; see the module docstring for the two rules.
     """
+    if rounding == "ceil":
+        raise ValueError('"ceil" is ambiguous: torchao\'s CEIL is E = ceil(log2(amax)) - emax, while the rule '
+                         'that never saturates and moves a block only when it would is "rceil" (RCEIL, as '
+                         'NVIDIA, cuBLAS and torchao name it); choose "floor" or "rceil"')
     if rounding not in MX_SCALE_ROUNDINGS:
         raise ValueError(f"unknown MX scale rounding {rounding!r}; choose one of "
                          f"{', '.join(MX_SCALE_ROUNDINGS)}")
     amax = amax.double()  # so that amax / 2**E below is exact, whatever E is
     exponent = torch.frexp(amax).exponent - 1  # amax in [2**exponent, 2**(exponent + 1))
     shared = exponent - fmt.emax
-    if rounding == "ceil":  # one binade up where the block maximum would saturate
+    if rounding == "rceil":  # one binade up where the block maximum would saturate
         shared = shared + (torch.ldexp(amax, -shared.double()) > fmt.max_value).int()
     shared = torch.where(amax > 0, shared, 0)
     return shared.clamp(-E8M0_BIAS, E8M0_BIAS).int()

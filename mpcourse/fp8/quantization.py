@@ -165,8 +165,8 @@ def quantize(x: torch.Tensor, fmt=None, *, granularity: str = "tensor", axis: in
         scale: ``"tensor"`` only: use this scale (a positive float or one-element tensor, e.g.
             from :class:`~mpcourse.fp8.DelayedScaling`) instead of ``fmt.max_value / amax``.
             Values it pushes beyond ``fmt.max_value`` saturate.
-        scale_rounding: ``"mx"``: ``"floor"`` (the default, the OCP spec) or ``"ceil"``
-            (never saturates), see :func:`~mpcourse.fp8.microscaling.mx_shared_exponent`.
+        scale_rounding: ``"mx"``: ``"floor"`` (the default, the OCP spec) or ``"rceil"``
+            (round the scale up: never saturates; torchao's RCEIL, not its CEIL), see :func:`~mpcourse.fp8.microscaling.mx_shared_exponent`.
             ``"block"``: ``"power_of_two"`` rounds each scale ``fmt.max_value / amax`` down to a
             power of two (DeepSeek-V3's option: scaling is then exact; nothing saturates).
         rounding, generator: how the scaled values are rounded, as in

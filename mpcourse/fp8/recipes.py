@@ -56,7 +56,7 @@ class BlockRecipe:
         block_size: elements per block along K.
         weight_tile: None: W gets a row-wise and a column-wise copy in 1×block_size blocks.
             An int n: W is quantized once, in n×n tiles, and that copy serves both products.
-        scale_rounding: passed to :func:`~mpcourse.fp8.quantize` (``"ceil"`` or ``"floor"`` for
+        scale_rounding: passed to :func:`~mpcourse.fp8.quantize` (``"rceil"`` or ``"floor"`` for
             MX, ``"power_of_two"`` or None for blocks).
         gradient_rounding: how dy is rounded: ``"nearest_even"`` or ``"stochastic"`` (x and W
             are always rounded to nearest).
@@ -123,8 +123,8 @@ class BlockRecipe:
 
 
 #: MXFP8 (OCP Microscaling, NVIDIA's Blackwell recipe): E4M3 everywhere, 1×32 blocks, E8M0
-#: scales rounded up (``"ceil"``: no block maximum saturates), the same in all three products.
-MXFP8 = BlockRecipe("mxfp8", "mx", "e4m3", "e4m3", 32, scale_rounding="ceil")
+#: scales rounded up (``"rceil"``: no block maximum saturates), the same in all three products.
+MXFP8 = BlockRecipe("mxfp8", "mx", "e4m3", "e4m3", 32, scale_rounding="rceil")
 #: NVFP4 (NVIDIA's FP4 pre-training recipe): E2M1 in 16-element blocks with E4M3 block scales
 #: and an FP32 tensor scale; W in 16×16 tiles; stochastic rounding of dy; a 16×16 random
 #: Hadamard transform on the weight-gradient operands.

@@ -2,7 +2,8 @@
 
 *Current* (just-in-time) scaling reads the tensor's amax, then quantizes with
 ``fmt.max_value / amax``: two passes over the tensor, the first one a reduction that must finish
-before the cast can start. *Delayed* scaling (Transformer Engine's default recipe) quantizes with
+before the cast can start. *Delayed* scaling (Transformer Engine's original recipe, and in its
+current source still the default recipe on GPUs older than Blackwell) quantizes with
 a scale computed from the amaxes of *earlier* steps, and records this step's amax while casting,
 in the same pass. It bets that a tensor's range changes slowly between steps; when it grows faster
 than the history foresaw, the excess saturates at ``fmt.max_value`` (never NaN). ``margin``
@@ -111,9 +112,10 @@ class CurrentScaling:
 class Fp8Recipe:
     """How :class:`~mpcourse.fp8.Fp8Linear` quantizes its three tensors, each with its own scaling.
 
-    The default is Transformer Engine's HYBRID format: E4M3 (more precision) for the forward
-    pass's input and weight, E5M2 (more range: gradients span more binades) for the gradient of
-    the output in the backward pass. ``scaling="delayed"`` gives every tensor its own
+    The default is the HYBRID format (the default format of Transformer Engine's per-tensor
+    recipes, ``DelayedScaling`` and ``Float8CurrentScaling``): E4M3 (more precision) for the
+    forward pass's input and weight, E5M2 (more range: gradients span more binades) for the
+    gradient of the output in the backward pass. ``scaling="delayed"`` gives every tensor its own
     :class:`DelayedScaling` (``amax_history_len``, ``amax_compute_algo``, ``margin``);
     ``"current"`` a :class:`CurrentScaling` (no history, no margin). DeepSeek-V3 instead keeps
     E4M3 for the gradients too (``backward_format="e4m3"``), made possible by fine-grained
