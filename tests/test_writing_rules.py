@@ -26,7 +26,7 @@ LEDGER = BOOK / "claims_ledger.ipynb"
 HIDDEN = "remove-cell"
 PAGES = ["01_floating_point", "02_why_reduced_precision", "03_mixed_precision_training", "04_loss_scaling",
          "library_checks",
-         "11_communication", "11b_engines", "12_recipe"]
+         "11_communication", "11b_engines", "12_recipe", "12b_stability"]
 # The commissioned texts, by the words a page would use to point at one without naming it.
 UNNAMED_SOURCES = re.compile(r"\b(textbook|lecture[- ]notes?|blog[- ]post|theory page|tutorials?)\b", re.I)
 LEDGER_LINK = re.compile(r"claims_ledger(?:\.ipynb|\.md)?#(claim-[a-z0-9][\w-]*)")
