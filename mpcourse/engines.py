@@ -1,4 +1,4 @@
-"""The engines: mixed precision inside DDP, FSDP2 and sharded checkpoints, on real processes.
+"""The engines: mixed precision inside DDP and FSDP2, on real processes.
 
 Chapter 11 all-reduces bare tensors. Training frameworks do it for you, inside an *engine*:
 
@@ -12,8 +12,8 @@ Chapter 11 all-reduces bare tensors. Training frameworks do it for you, inside a
   backward it reduce-scatters the gradients in ``reduce_dtype``, so each rank keeps the FP32
   gradient of its own shard only, next to its FP32 shard of the weights and of the optimizer
   state (ZeRO-3). ``output_dtype`` casts what a module returns.
-- **DCP** (``torch.distributed.checkpoint``) saves each rank's shards in parallel and loads them
-  back into any sharding, including another number of ranks.
+
+FP16 under FSDP2 and sharded checkpoints (DCP) are in :mod:`mpcourse.sharded_checkpoints`.
 
 The workers import the functions they run by name (see
 :func:`mpcourse.communication.run_workers`), so the chapter's experiments live here, each one
@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from mpcourse.communication import (_gather_sums, digits_model, rank_batch, relative_error,
-                                    ring_traffic_bytes, run_workers)
+                                    ring_allreduce_reference, ring_traffic_bytes, run_workers)
 
 BACKEND = "gloo"  # every experiment here runs on CPU processes (see the module docstring)
 # FSDP2 warns that the root returns a view (F.linear reshapes); no in-place op follows here.
@@ -49,7 +50,10 @@ class HookState:
 
     ``bucket_dtypes``: the dtype of every bucket the hook received; ``wire_bytes``: the bytes this
     rank sent over the links (ring all-reduce ``2 (N-1)/N * message``, ring all-gather
-    ``(N-1) * message``); ``residuals``: per bucket, what error feedback has not sent yet.
+    ``(N-1) * message``); ``residuals``: per bucket, what error feedback has not sent yet;
+    ``sent`` and ``changed``: how many values went on the wire, and how many of them the cast to
+    the wire format changed (against the exact ``g / N``), ``largest_changed`` the largest
+    magnitude among those.
     """
 
     process_group: object = None
@@ -58,6 +62,18 @@ class HookState:
     bucket_dtypes: list = field(default_factory=list)
     wire_bytes: float = 0.0
     residuals: dict = field(default_factory=dict)
+    sent: int = 0
+    changed: int = 0
+    largest_changed: float = 0.0
+
+    def record_cast(self, exact: torch.Tensor, on_wire: torch.Tensor) -> None:
+        """Count the values that the cast to the wire format changed (``exact``: ``g / N`` in
+        float64; ``on_wire``: what is sent, decoded)."""
+        differs = on_wire.double() != exact
+        self.sent += exact.numel()
+        self.changed += int(differs.sum())
+        if differs.any():
+            self.largest_changed = max(self.largest_changed, exact[differs].abs().max().item())
 
 
 def _allreduce_in(state: HookState, buffer: torch.Tensor, wire: torch.dtype):
@@ -68,6 +84,7 @@ def _allreduce_in(state: HookState, buffer: torch.Tensor, wire: torch.dtype):
     state.bucket_dtypes.append(buffer.dtype)
     n = dist.get_world_size(state.process_group)
     message = (buffer / n).to(wire)
+    state.record_cast(buffer.double() / n, message)
     state.wire_bytes += ring_traffic_bytes(message.numel() * message.element_size(), n)
     future = dist.all_reduce(message, group=state.process_group, async_op=True).get_future()
 
@@ -92,6 +109,7 @@ def fp16_hook(state: HookState, bucket):
     state.bucket_dtypes.append(buffer.dtype)
     n = dist.get_world_size(state.process_group)
     state.wire_bytes += ring_traffic_bytes(buffer.numel() * 2, n)
+    state.record_cast(buffer.double() / n, buffer.to(torch.float16).div_(n))  # as the hook computes it
     return fp16_compress_hook(state.process_group, bucket)
 
 
@@ -121,6 +139,7 @@ def fp8_hook(state: HookState, bucket):
     if state.feedback and key in state.residuals:
         corrected = corrected + state.residuals[key]
     message = quantize(corrected, state.fmt)
+    state.record_cast(corrected.double(), message.dequantize())
     if state.feedback:
         state.residuals[key] = corrected - message.dequantize()
     state.wire_bytes += (n - 1) * (message.data.numel() + 4)
@@ -139,13 +158,30 @@ class HookResult:
     """One DDP comm hook over ``steps`` backward passes with the weights held fixed:
     ``bucket_dtypes`` it received; ``wire_bytes`` per step and rank; ``step_error`` the mean over
     steps of the relative error of the averaged gradient against the exact (float64) mean of the
-    ranks' own gradients; ``accumulated_error`` that of the sum over all steps."""
+    ranks' own gradients; ``accumulated_error`` that of the sum over all steps; ``inexact`` the
+    share of the values sent that the cast to the wire format changed, and ``largest_inexact`` the
+    largest magnitude among them (for error feedback, what the compression changed)."""
 
     hook: str
     bucket_dtypes: tuple
     wire_bytes: float
     step_error: float
     accumulated_error: float
+    inexact: float = 0.0
+    largest_inexact: float = 0.0
+
+
+class HookRun(NamedTuple):
+    """What :func:`ddp_hooks` measured: a :class:`HookResult` per hook (rank 0's view); the error
+    PyTorch's ``bf16_compress_hook`` raised on gloo (None if it ran); the parameter count; and
+    ``compute_error``, the mean over steps of the relative error of the exact mean of the ranks'
+    gradients under autocast against the same mean computed in FP32 (0 with autocast off): the
+    error of the low-precision computation itself, which the hooks' errors add to."""
+
+    rows: list
+    refused: str | None
+    n_params: int
+    compute_error: float
 
 
 def _flat_grad(module) -> torch.Tensor:
@@ -166,13 +202,18 @@ def _backward(model, rank, step, seed, autocast_dtype) -> None:
 def _ddp_worker(rank, world_size, hooks, steps, autocast_dtype, seed):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    # The reference: every rank's own gradient, and their exact mean.
-    plain, exact = digits_model(seed), []
+    # The reference: every rank's own gradient, and their exact mean; and the same in FP32.
+    plain, exact, compute_error = digits_model(seed), [], 0.0
     for step in range(steps):
         _backward(plain, rank, step, seed, autocast_dtype)
         mean = _flat_grad(plain).double()
         dist.all_reduce(mean)
         exact.append(mean / world_size)
+        if autocast_dtype is not None:
+            _backward(plain, rank, step, seed, None)
+            mean32 = _flat_grad(plain).double()
+            dist.all_reduce(mean32)
+            compute_error += relative_error(exact[-1], mean32 / world_size) / steps
 
     rows, refused = [], None
     for name in hooks:
@@ -186,7 +227,8 @@ def _ddp_worker(rank, world_size, hooks, steps, autocast_dtype, seed):
         step_error = sum(relative_error(a, e) for a, e in zip(averaged, exact)) / steps
         rows.append(HookResult(name, tuple(sorted({str(d) for d in state.bucket_dtypes})),
                                state.wire_bytes / steps, step_error,
-                               relative_error(sum(averaged), sum(exact))))
+                               relative_error(sum(averaged), sum(exact)),
+                               state.changed / state.sent, state.largest_changed))
     # PyTorch's own BF16 hook, asked to run on gloo.
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
     try:
@@ -194,7 +236,7 @@ def _ddp_worker(rank, world_size, hooks, steps, autocast_dtype, seed):
     except Exception as error:  # noqa: BLE001 - the message is the result
         refused = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
     dist.barrier()
-    return rows, refused, sum(p.numel() for p in plain.parameters())
+    return rows, refused, sum(p.numel() for p in plain.parameters()), compute_error
 
 
 def ddp_hooks(world_size: int = 2, hooks=tuple(HOOKS), *, steps: int = 10,
@@ -204,15 +246,50 @@ def ddp_hooks(world_size: int = 2, hooks=tuple(HOOKS), *, steps: int = 10,
     ``autocast_dtype=None`` runs the forward and backward in FP32 (FP32-valued gradients: the
     ablation of the BF16-valued ones that BF16 autocast produces).
 
-    Returns ``(rows, refused, n_params)``: a :class:`HookResult` per hook (rank 0's view), the
-    error PyTorch's ``bf16_compress_hook`` raised on gloo (None if it ran), and the parameter count.
+    Returns a :class:`HookRun`, which unpacks as ``rows, refused, n_params, compute_error``.
     """
     unknown = [h for h in hooks if h not in HOOKS]
     if unknown:
         raise ValueError(f"unknown hooks {unknown}; choose from {list(HOOKS)}")
     _check_steps(steps)
-    return run_workers(_ddp_worker, world_size, tuple(hooks), steps, autocast_dtype, seed,
-                       backend=BACKEND)[0]
+    return HookRun(*run_workers(_ddp_worker, world_size, tuple(hooks), steps, autocast_dtype, seed,
+                                backend=BACKEND)[0])
+
+
+@dataclass(frozen=True)
+class ScaleError:
+    """The errors of one mean gradient over ``world_size`` ranks: ``compute`` the relative error of
+    the exact mean of the ranks' BF16-autocast gradients against the exact mean of their FP32
+    gradients; ``wire[w]`` that of the ring all-reduce of the autocast gradients in wire format
+    ``w`` (each divided by N before the sum, as DDP's hooks do) against their exact mean."""
+
+    world_size: int
+    compute: float
+    wire: dict
+
+
+def wire_and_compute_error(world_sizes=(2, 8, 32, 128), wires=("fp16", "bf16"), *, seed: int = 0,
+                           step: int = 0) -> list[ScaleError]:
+    """How the error of a 16-bit reduction grows with the number of ranks, next to the error of
+    BF16 autocast itself, in one process: each rank's gradient of the digits MLP (its own batch of
+    ``step``) is computed under BF16 autocast and in FP32, and the reduction is chapter 11's exact
+    emulation of gloo's ring (:func:`mpcourse.communication.ring_allreduce_reference`)."""
+    if not world_sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in world_sizes):
+        raise ValueError(f"world_sizes must be whole numbers >= 2, got {world_sizes!r}")
+    rows, model = [], digits_model(seed)
+    for n in world_sizes:
+        grads = {}
+        for autocast_dtype in (torch.bfloat16, None):
+            grads[autocast_dtype] = []
+            for rank in range(n):
+                _backward(model, rank, step, seed, autocast_dtype)
+                grads[autocast_dtype].append(_flat_grad(model).clone())
+        exact = torch.stack(grads[torch.bfloat16]).double().mean(0)
+        exact32 = torch.stack(grads[None]).double().mean(0)
+        wire = {w: relative_error(ring_allreduce_reference([g / n for g in grads[torch.bfloat16]], w), exact)
+                for w in wires}
+        rows.append(ScaleError(n, relative_error(exact, exact32), wire))
+    return rows
 
 
 def _check_steps(steps) -> None:
@@ -299,6 +376,25 @@ def _reduce_scatter_spy(model, seen: list):
             module.set_custom_reduce_scatter(Recorded())
 
 
+def accumulation_dtypes(model) -> str:
+    """The dtypes in which FSDP2 holds ``model``'s unsharded gradients between backward passes
+    that do not reduce (``set_requires_gradient_sync(False)``, gradient accumulation): torch 2.13's
+    ``FSDPParam`` upcasts them to ``reduce_dtype`` when that differs from ``param_dtype``, and
+    otherwise keeps them, and adds the next micro-batch's to them, in ``param_dtype``. Read from
+    FSDP2's private state (``_fsdp_param_group.fsdp_params``) after such a backward."""
+    from torch.distributed.fsdp import FSDPModule
+
+    seen = set()
+    for module in model.modules():
+        group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+        for param in group.fsdp_params if group is not None else ():
+            grad = param.unsharded_accumulated_grad
+            grad = grad if grad is not None else param._unsharded_param.grad
+            if grad is not None:
+                seen.add(str(grad.dtype))
+    return ", ".join(sorted(seen))
+
+
 def _watch(module, name: str, seen: dict, *, weight: bool = False):
     """Record the dtypes a module receives and returns (and its weight's, during forward)."""
     def hook(module, args, output):
@@ -334,6 +430,10 @@ def _policy_worker(rank, world_size, seed):
         _watch(block.mlp[0], "linear", seen, weight=True)
         _watch(block.norm1, "LayerNorm", seen, weight=True)
         _watch(model, "model", seen)
+        model.set_requires_gradient_sync(False)  # a first micro-batch: accumulate, do not reduce
+        lm_loss(model, x, y).backward()
+        seen["accumulated without sync"] = accumulation_dtypes(model)
+        model.set_requires_gradient_sync(True)  # the last micro-batch: reduce-scatter the sum
         lm_loss(model, x, y).backward()
         p = block.mlp[0].weight
         seen["reduce-scatter"] = ", ".join(sorted(set(reduced)))
@@ -477,108 +577,3 @@ def memory_per_rank(world_size: int = 2, *, seed: int = 0):
     _check_world_sizes(world_size)
     results = run_workers(_memory_worker, world_size, seed, backend=BACKEND)
     return ([r[0] for r in results], [r[1] for r in results], results[0][2], results[0][3])
-
-
-# ---------------------------------------------------------------------------------------------
-# FP16 with a sharded gradient scaler, and sharded checkpoints (DCP)
-
-CHECKPOINT_LR = 3e-3  # AdamW's learning rate in checkpoint_roundtrip
-
-
-def _fp16_trainer(seed, init_scale):
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-    model = transformer(seed)
-    shard(model, MixedPrecisionPolicy(torch.float16, torch.float32))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=CHECKPOINT_LR)
-    return model, optimizer, ShardedGradScaler("cpu", init_scale=init_scale)
-
-
-def _train(rank, world_size, model, optimizer, scaler, steps, first_step, seed):
-    """``steps`` FP16 steps; per step: the loss, the scale used, and whether this rank's shard
-    of the weights changed."""
-    log = []
-    for step in range(first_step, first_step + steps):
-        x, y = lm_rank_batch(rank, world_size, step=step, seed=seed)
-        before = [p.to_local().clone() for p in model.parameters()]
-        optimizer.zero_grad()
-        loss = lm_loss(model, x, y)
-        scale = scaler.get_scale()
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        changed = any(not torch.equal(b, p.to_local()) for b, p in zip(before, model.parameters()))
-        log.append((loss.item(), scale, changed))
-    return log
-
-
-def _snapshot(model, optimizer, scaler) -> dict:
-    """The full training state, gathered (every rank must call it): weights, Adam moments and
-    the scaler's state."""
-    # clone(): on one rank, full_tensor() returns the local tensor itself, which training changes
-    full = {f"weight {n}": p.detach().full_tensor().clone() for n, p in model.named_parameters()}
-    for i, p in enumerate(model.parameters()):
-        for key, value in optimizer.state[p].items():
-            value = value.full_tensor() if hasattr(value, "full_tensor") else value
-            full[f"{key} {i}"] = value.clone()
-    full["scaler"] = scaler.state_dict()
-    return full
-
-
-def _checkpoint_worker(rank, world_size, path, mode, steps, init_scale, seed):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    # "load" starts from other weights (seed + 1): what it ends with came from the checkpoint.
-    model, optimizer, scaler = _fp16_trainer(seed if mode == "save" else seed + 1, init_scale)
-    out = {}
-    if mode == "save":
-        out["before"] = _train(rank, world_size, model, optimizer, scaler, steps, 0, seed)
-        model_state, optim_state = get_state_dict(model, optimizer)
-        dcp.save({"model": model_state, "optim": optim_state, "scaler": scaler.state_dict()},
-                 checkpoint_id=path)
-    else:
-        model_state, optim_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optim": optim_state, "scaler": scaler.state_dict()}
-        dcp.load(state, checkpoint_id=path)
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
-        scaler.load_state_dict(state["scaler"])
-    out["at checkpoint"] = _snapshot(model, optimizer, scaler)
-    out["after"] = _train(rank, world_size, model, optimizer, scaler, steps, steps, seed)
-    out["end"] = _snapshot(model, optimizer, scaler)
-    out["files"] = sorted(p.name for p in __import__("pathlib").Path(path).iterdir())
-    return out if rank == 0 else None
-
-
-def checkpoint_roundtrip(path, *, save_world_size: int = 2, load_world_sizes=(2, 1),
-                         steps: int = 4, init_scale: float = 2.0**21, seed: int = 0):
-    """Train the tiny transformer in FP16 under FSDP2 with ``ShardedGradScaler`` for ``steps``
-    steps on ``save_world_size`` ranks, save model, optimizer and scaler with DCP into ``path``
-    (an empty directory), train ``steps`` more; then for each of ``load_world_sizes``, start
-    other ranks from other weights, load the checkpoint and train the same ``steps`` steps.
-
-    Returns ``{"saved": run, n: run, ...}``, rank 0's view of each run: per-step logs
-    ``(loss, scale, weights changed)`` and gathered snapshots at the checkpoint and at the end.
-    The global batch is the same whatever the number of ranks.
-    """
-    _check_world_sizes(save_world_size, *load_world_sizes)
-    import pathlib
-
-    path = pathlib.Path(path)
-    if not path.is_dir() or any(path.iterdir()):
-        raise ValueError(f"checkpoint_roundtrip needs an empty directory, got {str(path)!r}")
-    _check_steps(steps)
-    runs = {"saved": run_workers(_checkpoint_worker, save_world_size, str(path), "save", steps,
-                                 float(init_scale), seed, backend=BACKEND)[0]}
-    for n in load_world_sizes:
-        runs[n] = run_workers(_checkpoint_worker, n, str(path), "load", steps, float(init_scale),
-                              seed, backend=BACKEND)[0]
-    return runs
-
-
-def same_state(a: dict, b: dict) -> bool:
-    """Whether two snapshots hold the same keys and bit-identical tensors (and equal scalers)."""
-    return a.keys() == b.keys() and all(
-        torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)

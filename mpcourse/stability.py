@@ -5,8 +5,9 @@ measures on the tiny transformer:
 
 - `z_loss` and `soft_cap`: keep the output logits (and their normaliser log Z) small, where
   BF16's absolute rounding error is small (PaLM; Gemma 2);
-- `StableAttention`: attention with optional QK-norm (a LayerNorm on queries and keys, per head),
-  built into the model from step 0 (ViT-22B, OLMo 2); it records the largest attention logit;
+- `StableAttention`: attention with optional QK-norm (a LayerNorm on queries and keys, per head,
+  as in ViT-22B; OLMo 2 and Gemma 3 use RMSNorms, OLMo 2's over all heads together), built into
+  the model from step 0; it records the largest attention logit;
 - `rope_angles`: rotary-embedding angles ``position × frequency``, computed in a chosen dtype;
 - `router_top_k`: the experts a mixture-of-experts router picks, with the gate computed in a
   chosen dtype;
@@ -49,7 +50,8 @@ def z_loss(logits: torch.Tensor, weight: float = 1e-4) -> torch.Tensor:
 def soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:
     """``cap · tanh(logits / cap)``: about the identity for small logits, never beyond ±cap.
 
-    Gemma 2 caps its final logits at 30 and its attention logits at 50.
+    Gemma 2 caps its final logits at 30 and its attention logits at 50 (Gemma 3 drops both caps
+    and bounds the attention logits with QK-norm instead).
     """
     if not cap > 0:
         raise ValueError(f"the soft cap must be positive, got {cap}")

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from mpcourse import engines
+from mpcourse import engines, sharded_checkpoints
 
 
 @pytest.fixture(scope="module")
@@ -11,7 +11,7 @@ def hooks():
 
 
 def test_ddp_buckets_hold_fp32_gradients_under_autocast(hooks):
-    rows, refused, _ = hooks
+    rows, refused, _, _ = hooks
     assert all(row.bucket_dtypes == ("torch.float32",) for row in rows)
     assert refused is not None and "NCCL" in refused  # torch's own BF16 hook refuses gloo
 
@@ -26,11 +26,31 @@ def test_ddp_compression_halves_bytes_and_costs_precision(hooks):
 def test_fp32_valued_gradients_cost_the_fp16_hook_its_exactness(hooks):
     """Under BF16 autocast the gradients are BF16-valued, which FP16 holds exactly; with autocast
     off (FP32-valued gradients) the FP16 hook must round its inputs too."""
-    rows32, _, _ = engines.ddp_hooks(2, hooks=("fp16", "bf16"), steps=2, autocast_dtype=None)
+    rows32, _, _, compute32 = engines.ddp_hooks(2, hooks=("fp16", "bf16"), steps=2, autocast_dtype=None)
     by32 = {row.hook: row for row in rows32}
-    by = {row.hook: row for row in hooks[0]}
+    by = {row.hook: row for row in hooks.rows}
     assert by32["fp16"].step_error > by["fp16"].step_error
     assert by32["fp16"].step_error < by32["bf16"].step_error
+    assert by["bf16"].inexact == 0 and by32["bf16"].inexact > 0.5  # BF16-valued inputs go out exactly
+    assert 0 < by["fp16"].inexact < 0.1 and by["fp16"].largest_inexact < 2.0**-14  # FP16's subnormals only
+    assert compute32 == 0  # no autocast, nothing to compare with FP32
+
+
+def test_at_two_ranks_bf16_compute_costs_more_than_the_16_bit_wire(hooks):
+    """The hooks' errors are against the exact mean of gradients already computed under BF16
+    autocast; the error of that computation against FP32 is the larger one at N = 2."""
+    by = {row.hook: row for row in hooks.rows}
+    assert hooks.compute_error > 3 * by["bf16"].step_error > 3 * by["fp16"].step_error
+
+
+def test_the_16_bit_wire_error_grows_with_the_ranks_and_overtakes_the_compute_error():
+    rows = engines.wire_and_compute_error((2, 128))
+    small, large = rows
+    assert small.wire["bf16"] < large.wire["bf16"] and small.wire["fp16"] < large.wire["fp16"]
+    assert small.wire["bf16"] < small.compute and large.wire["bf16"] > large.compute
+    assert all(r.wire["fp16"] < r.wire["bf16"] for r in rows)
+    with pytest.raises(ValueError, match="whole numbers >= 2"):
+        engines.wire_and_compute_error((1, 2))
 
 
 def test_output_dtype_on_every_block_fails_in_the_roots_norm_not_the_next_block():
@@ -55,6 +75,9 @@ def test_fsdp2_policy_dtypes_and_reduction_error():
     assert dtypes["BF16 params, FP32 reduce, FP32 output (root)"]["model output"] == "torch.float32"
     assert dtypes["norms in FP32"]["LayerNorm weight"] == "torch.float32"
     assert errors["fp32"] < errors["fp16"] and errors["fp32"] < errors["bf16"]
+    # gradient accumulation without sync: in reduce_dtype if it differs, else in param_dtype
+    assert plain["accumulated without sync"] == "torch.float32"
+    assert dtypes["BF16 params, BF16 reduce"]["accumulated without sync"] == "torch.bfloat16"
 
 
 def test_memory_per_rank_matches_the_formulas():
@@ -72,11 +95,11 @@ def test_memory_per_rank_matches_the_formulas():
 
 
 def test_dcp_roundtrip_is_bit_identical(tmp_path):
-    runs = engines.checkpoint_roundtrip(tmp_path, load_world_sizes=(2, 1))
+    runs = sharded_checkpoints.checkpoint_roundtrip(tmp_path, load_world_sizes=(2, 1))
     saved = runs["saved"]
     for n in (2, 1):
-        assert engines.same_state(saved["at checkpoint"], runs[n]["at checkpoint"])
-    assert engines.same_state(saved["end"], runs[2]["end"])
+        assert sharded_checkpoints.same_state(saved["at checkpoint"], runs[n]["at checkpoint"])
+    assert sharded_checkpoints.same_state(saved["end"], runs[2]["end"])
     assert saved["after"] == runs[2]["after"]
     skipped = [not changed for _, _, changed in saved["before"]]
     scales = [scale for _, scale, _ in saved["before"]]
@@ -87,11 +110,20 @@ def test_dcp_roundtrip_is_bit_identical(tmp_path):
 def test_checkpoint_needs_an_empty_directory(tmp_path):
     (tmp_path / "x").write_text("")
     with pytest.raises(ValueError, match="empty directory"):
-        engines.checkpoint_roundtrip(tmp_path)
+        sharded_checkpoints.checkpoint_roundtrip(tmp_path)
+
+
+def test_one_rank_and_two_compute_the_same_gradient_up_to_rounding():
+    """The whole batch in one pass against the mean of its two halves: equal in exact arithmetic,
+    so the gap is rounding and shrinks with the format's precision."""
+    torch.set_num_threads(1)
+    fp16, fp32 = (sharded_checkpoints.split_batch_gap(d) for d in (torch.float16, torch.float32))
+    assert 0 < fp32 < 1e-6 < 2.0**-16 < fp16 < 2.0**-8
 
 
 @pytest.mark.parametrize("call", [lambda: engines.fsdp_policies(3), lambda: engines.memory_per_rank(5),
-                                  lambda: engines.checkpoint_roundtrip("/nonexistent", load_world_sizes=(2, 3))])
+                                  lambda: sharded_checkpoints.checkpoint_roundtrip("/nonexistent", load_world_sizes=(2, 3)),
+                                  lambda: sharded_checkpoints.split_batch_gap(world_size=3)])
 def test_a_world_size_that_cannot_share_the_batch_is_refused_before_any_process_starts(call):
     with pytest.raises(ValueError, match="positive divisor of the global batch"):
         call()

@@ -26,7 +26,8 @@ LEDGER = BOOK / "claims_ledger.ipynb"
 HIDDEN = "remove-cell"
 PAGES = ["01_floating_point", "02_why_reduced_precision", "03_mixed_precision_training", "04_loss_scaling",
          "library_checks", "05_bf16_and_tf32", "06_fp8", "06b_fp8_recipes", "07_hardware",
-         "08_numerical_stability", "09_layer_precision", "10_debugging", "field_guide"]
+         "08_numerical_stability", "09_layer_precision", "10_debugging", "field_guide",
+         "11_communication", "11b_engines", "12_recipe", "12b_stability"]
 # The commissioned texts, by the words a page would use to point at one without naming it.
 UNNAMED_SOURCES = re.compile(r"\b(textbook|lecture[- ]notes?|blog[- ]post|theory page|tutorials?)\b", re.I)
 LEDGER_LINK = re.compile(r"claims_ledger(?:\.ipynb|\.md)?#(claim-[a-z0-9][\w-]*)")
