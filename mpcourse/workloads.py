@@ -189,14 +189,24 @@ class CausalSelfAttention(nn.Module):
     """Multi-head self-attention where position t sees only positions ≤ t.
 
     Written out (rather than calling ``F.scaled_dot_product_attention``) so the chapters can point
-    at each operation: the ``q @ kᵀ / √d`` logits, the mask, the softmax.
+    at each operation: the ``q @ kᵀ / √d`` logits, the mask, the softmax. Two variants, for
+    measuring what attention stores:
+
+    - ``softmax_dtype=torch.float32`` computes the softmax in FP32 and keeps its result in FP32
+      (then casts a copy to ``v``'s dtype for the product with ``v``): what CUDA autocast does,
+      whose FP32 list holds ``softmax``, and what many models do by hand.
+    - ``sdpa=True`` calls ``F.scaled_dot_product_attention(q, k, v, is_causal=True)`` instead: a
+      fused kernel that stores no ``length × length`` tensor for backward.
     """
 
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, *, sdpa: bool = False, softmax_dtype=None):
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim ({dim}) must be divisible by heads ({heads})")
-        self.heads = heads
+        if sdpa and softmax_dtype is not None:
+            raise ValueError("softmax_dtype applies to the written-out attention; "
+                             "scaled_dot_product_attention (sdpa=True) chooses its own")
+        self.heads, self.sdpa, self.softmax_dtype = heads, sdpa, softmax_dtype
         self.qkv = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)
 
@@ -204,20 +214,23 @@ class CausalSelfAttention(nn.Module):
         batch, length, dim = x.shape
         q, k, v = self.qkv(x).split(dim, dim=2)
         q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2) for t in (q, k, v))
-        logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        future = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)
-        weights = logits.masked_fill(future, float("-inf")).softmax(dim=-1)
-        mixed = (weights @ v).transpose(1, 2).reshape(batch, length, dim)
-        return self.out(mixed)
+        if self.sdpa:
+            mixed = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            logits = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+            future = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)
+            weights = logits.masked_fill(future, float("-inf")).softmax(dim=-1, dtype=self.softmax_dtype)
+            mixed = weights.to(v.dtype) @ v
+        return self.out(mixed.transpose(1, 2).reshape(batch, length, dim))
 
 
 class Block(nn.Module):
     """One pre-norm transformer block: x + attention(norm(x)), then x + MLP(norm(x))."""
 
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, **attention):
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.attention = CausalSelfAttention(dim, heads)
+        self.attention = CausalSelfAttention(dim, heads, **attention)
         self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
     def forward(self, x):
@@ -226,15 +239,19 @@ class Block(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    """A character-level GPT: token + position embeddings, ``layers`` blocks, a LayerNorm, logits."""
+    """A character-level GPT: token + position embeddings, ``layers`` blocks, a LayerNorm, logits.
+
+    ``sdpa`` and ``softmax_dtype`` choose the attention's kernel (see :class:`CausalSelfAttention`);
+    the weights are the same whichever is chosen."""
 
     def __init__(self, vocab_size: int = len(VOCAB), dim: int = 64, heads: int = 4,
-                 layers: int = 2, context: int = 32):
+                 layers: int = 2, context: int = 32, *, sdpa: bool = False, softmax_dtype=None):
         super().__init__()
         self.context = context
         self.token_embedding = nn.Embedding(vocab_size, dim)
         self.position_embedding = nn.Embedding(context, dim)
-        self.blocks = nn.Sequential(*[Block(dim, heads) for _ in range(layers)])
+        self.blocks = nn.Sequential(*[Block(dim, heads, sdpa=sdpa, softmax_dtype=softmax_dtype)
+                                      for _ in range(layers)])
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab_size)
 

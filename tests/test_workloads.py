@@ -101,6 +101,37 @@ def test_tiny_transformer_is_causal_and_learns():
         model(torch.zeros(1, 17, dtype=torch.long))
 
 
+def test_attention_variants_compute_the_same_function_and_store_what_they_say():
+    tokens = encode_text(addition_corpus(200))
+    x, y = lm_batch(tokens, 4, 16, generator=torch.Generator().manual_seed(0))
+    models = {}
+    for name, kwargs in {"written": {}, "sdpa": {"sdpa": True}, "fp32 softmax": {"softmax_dtype": torch.float32}}.items():
+        seed_everything(0)
+        models[name] = TinyTransformer(dim=32, heads=4, layers=1, context=16, **kwargs)  # head width 8
+    reference = models["written"](x)
+    for name in ("sdpa", "fp32 softmax"):  # the same weights, the same function
+        assert all(torch.equal(a, b) for a, b in zip(models[name].parameters(), models["written"].parameters()))
+        torch.testing.assert_close(models[name](x), reference, rtol=1e-5, atol=1e-5)
+
+    def saved_square_dtypes(model):
+        # dtypes of the (length x length) tensors saved for backward under CPU BF16 autocast
+        found = []
+
+        def pack(t):
+            if t.dim() >= 3 and t.shape[-1] == t.shape[-2] == 16:
+                found.append(t.dtype)
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+            F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
+        return set(found)
+
+    assert saved_square_dtypes(models["written"]) == {torch.bfloat16}            # CPU autocast: BF16 softmax
+    assert saved_square_dtypes(models["fp32 softmax"]) == {torch.float32, torch.bfloat16}  # FP32 + a copy
+    assert saved_square_dtypes(models["sdpa"]) == set()                          # fused: none stored
+    with pytest.raises(ValueError, match="softmax_dtype"):
+        TinyTransformer(sdpa=True, softmax_dtype=torch.float32)
+
+
 def test_attention_rejects_heads_that_do_not_divide_the_width():
     with pytest.raises(ValueError, match="divisible"):
         TinyTransformer(dim=30, heads=4)
