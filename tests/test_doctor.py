@@ -720,6 +720,18 @@ def test_a_scaler_subclass_is_followed_once_per_call(clip, device):
 
 # --- the report -----------------------------------------------------------------------------------
 
+def test_the_report_counts_the_steps_the_scaler_skipped_as_watched():
+    model = mlp(1, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100)  # FP16 gradients overflow: every step skipped
+    report = watched(model, optimizer, scaler, amp_loop(model, optimizer, scaler, torch.device("cpu")),
+                     steps=2)
+    assert (report.steps, report.skipped) == (0, 2)
+    summary = str(report).splitlines()[0]
+    assert "2 watched steps (2 skipped by the scaler, 0 optimizer steps taken)" in summary, summary
+    assert summary == report._repr_markdown_().splitlines()[0].strip("*")
+
+
 def test_the_report_in_text_and_markdown():
     model = mlp(1, 8, dtype=torch.float16)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
