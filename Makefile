@@ -70,14 +70,14 @@ gpu-rehearsal: gpu-kit
 
 # Regenerates the student release exercises/ from the nbgrader source in solutions/ (commit both).
 exercises: $(STAMP)
-	$(BIN)/python tools/autograde.py release
+	$(BIN)/python -m grader release
 
 # A whole grading session in grade-demo/: release, fabricated submissions (full, blank, partial,
-# reference-calling, the hostile corpus and honest accidents), graded by tools/grader.py with each
-# student in a bubblewrap sandbox (refuses without one), feedback HTML, a grade CSV, score tables.
-# A real course: `python tools/autograde.py grade ASSIGNMENT --course DIR` (instructor guide).
+# reference-calling, the hostile corpus and honest accidents), graded by grader/ with each student
+# in a bubblewrap sandbox (refuses without one), feedback HTML, a grade CSV, score tables.
+# A real course: `python -m grader grade ASSIGNMENT --course DIR` (instructor guide).
 grade-demo: $(STAMP)
-	$(BIN)/python tools/autograde.py demo --out grade-demo
+	$(BIN)/python -m grader demo --out grade-demo
 
 # Not part of `make test`: compares round_to with ml_dtypes on all 2**32 float32 inputs.
 check-exhaustive: $(STAMP)

@@ -5,7 +5,8 @@ import functools
 
 import pytest
 
-from tests.test_student_answers import ROOT, SECRET, autograde, grader, judge, runner, unchecked
+from grader import fabricate, judge, notebooks, runs
+from tests.test_student_answers import ROOT, SECRET, runner, unchecked
 
 EX = "ex1_precision_comparison"
 
@@ -18,19 +19,19 @@ def reference_record(assignment: str, visible: bool) -> dict:
 def jobs(assignment: str, answers: dict, visible: bool) -> tuple[dict, dict]:
     """The reference's job and the student's (the solutions with `answers` in their place), as
     tests/test_student_answers.py's `run` builds them; `visible`: the released test cells only."""
-    source = grader.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
-    release = grader.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
-    cells = {**autograde.solution_cells(assignment), **answers}
-    submission = {**release, "cells": [{**c, "source": cells.get(grader.grade_id(c), c["source"])}
+    source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    release = notebooks.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
+    cells = {**fabricate.solution_cells(assignment), **answers}
+    submission = {**release, "cells": [{**c, "source": cells.get(notebooks.grade_id(c), c["source"])}
                                        for c in release["cells"]]}
-    reference = grader.hidden_test_job(source, source, SECRET, 120, reference=True)
-    student = grader.hidden_test_job(source, submission, SECRET, 120)
+    reference = runs.hidden_test_job(source, source, SECRET, 120, reference=True)
+    student = runs.hidden_test_job(source, submission, SECRET, 120)
     if visible:
-        tests = {grader.grade_id(c): grader.source_text(c) for c in release["cells"] if grader.grade_id(c)}
+        tests = {notebooks.grade_id(c): notebooks.source_text(c) for c in release["cells"] if notebooks.grade_id(c)}
         for job in (reference, student):
             for part in job["parts"]:
                 test = tests[part["test_id"]]
-                part["test"] = test if job is reference else grader.without_expected(test)
+                part["test"] = test if job is reference else runs.without_expected(test)
     return reference, student
 
 
@@ -38,9 +39,9 @@ def judged(assignment: str, answers: dict, only: str | None = None, visible: boo
     """The judge's verdicts on the solutions with `answers` in their place (the part `only`, or
     all), against the reference's record, which is run once per assignment and test set."""
     student = jobs(assignment, answers, visible)[1]
-    student["parts"] = [p for p in student["parts"] if only in (None, autograde.part_of(p["test_id"]))]
+    student["parts"] = [p for p in student["parts"] if only in (None, notebooks.part_of(p["test_id"]))]
     reference = {k: v for k, v in reference_record(assignment, visible).items()
-                 if only in (None, autograde.part_of(k))}
+                 if only in (None, notebooks.part_of(k))}
     return judge.judge(reference, runner(student))
 
 
@@ -60,14 +61,14 @@ BROKEN = [
 
 @pytest.mark.parametrize("part, wrong, line, broken", BROKEN, ids=[f"{p}-{w[:30]}" for p, w, _, _ in BROKEN])
 def test_a_wrong_answer_that_passes_the_visible_tests_loses_its_part(part, wrong, line, broken):
-    solution = autograde.solution_cells(EX)[f"{part}_solution"]
+    solution = fabricate.solution_cells(EX)[f"{part}_solution"]
     assert line in solution
     answers = {f"{part}_solution": solution.replace(line, broken)}
     assert not judged(EX, answers, only=part)[f"{part}_tests"]["passed"], f"{part}: an answer that {wrong} passed"
 
 
 def test_an_answer_that_checks_no_input_fails_the_visible_tests_of_each_part_that_asks_for_checks():
-    cells = autograde.solution_cells(EX)
+    cells = fabricate.solution_cells(EX)
     answers = {f"{p}_solution": unchecked(cells[f"{p}_solution"]) for p in ("p1", "p2", "p3")}
     verdicts = judged(EX, answers, visible=True)
     for part in ("p1", "p2", "p3"):
