@@ -31,10 +31,11 @@ $(STUDENT_STAMP): pyproject.toml
 student: $(STUDENT_STAMP)
 	$(STUDENT_VENV)/bin/jupyter lab --notebook-dir=.
 
-# -W: Sphinx warnings are errors; -n: nitpicky cross-references. Notebooks execute during the
-# build (book/_config.yml: execute_notebooks: force), offline, on whatever device is present.
+# Every notebook executed, offline, on whatever device is present, one per core at a time
+# (tools/build_book.py), then `jupyter-book build -W -n --keep-going` (-W: Sphinx warnings are
+# errors; -n: nitpicky cross-references) on them.
 book: $(STAMP)
-	$(BIN)/jupyter-book build -W -n --keep-going .
+	$(BIN)/python tools/build_book.py
 	@echo "Book built: open _build/html/index.html"
 
 test: $(STAMP)
