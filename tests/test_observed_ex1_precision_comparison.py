@@ -1,48 +1,18 @@
 """ex1's grade comes from the judge: an answer that is right on the visible inputs only, or that
 skips one input check the hidden tests grade, loses its part; an answer that checks no input fails
 the visible tests already, saying which bad input it let through."""
-import functools
-
 import pytest
 
-from grader import fabricate, judge, notebooks, runs
-from tests.test_student_answers import ROOT, SECRET, runner, unchecked
+from grader import fabricate
+from tests.test_student_answers import run, unchecked
 
 EX = "ex1_precision_comparison"
 
 
-@functools.cache
-def reference_record(assignment: str, visible: bool) -> dict:
-    return runner(jobs(assignment, {}, visible)[0])
-
-
-def jobs(assignment: str, answers: dict, visible: bool) -> tuple[dict, dict]:
-    """The reference's job and the student's (the solutions with `answers` in their place), as
-    tests/test_student_answers.py's `run` builds them; `visible`: the released test cells only."""
-    source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
-    release = notebooks.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
-    cells = {**fabricate.solution_cells(assignment), **answers}
-    submission = {**release, "cells": [{**c, "source": cells.get(notebooks.grade_id(c), c["source"])}
-                                       for c in release["cells"]]}
-    reference = runs.hidden_test_job(source, source, SECRET, 120, reference=True)
-    student = runs.hidden_test_job(source, submission, SECRET, 120)
-    if visible:
-        tests = {notebooks.grade_id(c): notebooks.source_text(c) for c in release["cells"] if notebooks.grade_id(c)}
-        for job in (reference, student):
-            for part in job["parts"]:
-                test = tests[part["test_id"]]
-                part["test"] = test if job is reference else runs.without_expected(test)
-    return reference, student
-
-
 def judged(assignment: str, answers: dict, only: str | None = None, visible: bool = False) -> dict:
     """The judge's verdicts on the solutions with `answers` in their place (the part `only`, or
-    all), against the reference's record, which is run once per assignment and test set."""
-    student = jobs(assignment, answers, visible)[1]
-    student["parts"] = [p for p in student["parts"] if only in (None, notebooks.part_of(p["test_id"]))]
-    reference = {k: v for k, v in reference_record(assignment, visible).items()
-                 if only in (None, notebooks.part_of(k))}
-    return judge.judge(reference, runner(student))
+    all), against the reference's record, which is run once per test run, assignment and test set."""
+    return run(assignment, answers, visible=visible, only=only)[0]
 
 
 # (part, what is wrong, the solution's line, the broken line): each passes the visible tests

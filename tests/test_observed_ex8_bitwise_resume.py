@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from grader import fabricate, judge, notebooks, runs
-from tests.test_student_answers import ROOT, SECRET, unchecked
+from tests.test_student_answers import ROOT, SECRET, THREADS, unchecked
 
 ASSIGNMENT = "ex8_bitwise_resume"
 
@@ -19,7 +19,7 @@ def record(job: dict, folder) -> dict:
     may write a file there)."""
     result = subprocess.run([sys.executable, str(ROOT / "grader" / "hidden_tests.py"), "-"], input=json.dumps(job),
                             capture_output=True, text=True, cwd=folder,
-                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **THREADS})
     line = result.stdout.strip().rsplit("\n", 1)[-1]
     assert line.startswith("RESULT "), result.stderr[-2000:]
     return json.loads(line.removeprefix("RESULT "))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from grader import fabricate, feedback, judge, notebooks, runs
+from tests.shared import once_per_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "a-test-secret"
@@ -33,32 +34,56 @@ def unchecked(source: str) -> str:
     return ast.unparse(Strip().visit(ast.parse(source)))
 
 
+def jobs(assignment: str, answers: dict, visible: bool) -> tuple[dict, dict]:
+    """The reference's job and the student's (the instructor's solutions with `answers` in their
+    place), under the hidden tests, or the visible tests only (`visible`: the released test cells,
+    as the student's notebook runs them)."""
+    source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    release = notebooks.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
+    cells = {**fabricate.solution_cells(assignment), **answers}
+    submission = {**release, "cells": [{**c, "source": cells.get(notebooks.grade_id(c), c["source"])}
+                                       for c in release["cells"]]}
+    reference = runs.hidden_test_job(source, source, SECRET, 120, reference=True)
+    student = runs.hidden_test_job(source, submission, SECRET, 120)
+    if visible:
+        tests = {notebooks.grade_id(c): notebooks.source_text(c) for c in release["cells"] if notebooks.grade_id(c)}
+        for job in (reference, student):
+            for part in job["parts"]:
+                test = tests[part["test_id"]]
+                part["test"] = test if job is reference else runs.without_expected(test)
+    return reference, student
+
+
+def reference_record(assignment: str, visible: bool) -> dict:
+    """The reference solution's record of every part, run once per test run (tests/shared.py) and
+    assignment and test set: the tests only read it. Each part runs in a child of its own, so a
+    part's record is the same whether the job held the other parts or not."""
+    return once_per_run(f"reference-{assignment}-{'visible' if visible else 'hidden'}",
+                        lambda: runner(jobs(assignment, {}, visible)[0]))
+
+
 def run(assignment: str, answers: dict[str, str] | None = None, visible: bool = False,
         only: str | None = None) -> tuple[dict, dict]:
     """Verdicts of every part (or part `only`) for the instructor's solutions with `answers` in their
     place, under the hidden tests (or the visible tests only, as the student's notebook runs them);
     and the source."""
+    student = jobs(assignment, answers or {}, visible)[1]
+    student["parts"] = [p for p in student["parts"] if only in (None, notebooks.part_of(p["test_id"]))]
+    reference = {k: v for k, v in reference_record(assignment, visible).items()
+                 if only in (None, notebooks.part_of(k))}
     source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
-    release = notebooks.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
-    cells = {**fabricate.solution_cells(assignment), **(answers or {})}
-    submission = {**release, "cells": [{**c, "source": cells.get(notebooks.grade_id(c), c["source"])}
-                                       for c in release["cells"]]}
-    jobs = {"reference": runs.hidden_test_job(source, source, SECRET, 120, reference=True),
-            "student": runs.hidden_test_job(source, submission, SECRET, 120)}
-    for job in jobs.values():
-        job["parts"] = [p for p in job["parts"] if only in (None, notebooks.part_of(p["test_id"]))]
-        if visible:
-            tests = {notebooks.grade_id(c): notebooks.source_text(c) for c in release["cells"] if notebooks.grade_id(c)}
-            for part in job["parts"]:
-                part["test"] = tests[part["test_id"]] if job is jobs["reference"] else runs.without_expected(
-                    tests[part["test_id"]])
-    return judge.judge(runner(jobs["reference"]), runner(jobs["student"])), source
+    return judge.judge(reference, runner(student)), source
+
+
+# What a sandbox's environment holds besides its paths: one maths thread (grader.runs.threads).
+THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
 def runner(job: dict) -> dict:
     """grader/hidden_tests.py's record of `job`, run here without a sandbox."""
     result = subprocess.run([sys.executable, str(ROOT / "grader" / "hidden_tests.py"), "-"], input=json.dumps(job),
-                            capture_output=True, text=True, cwd=tempfile.gettempdir(), env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
+                            capture_output=True, text=True, cwd=tempfile.gettempdir(),
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", **THREADS})
     line = result.stdout.strip().rsplit("\n", 1)[-1]
     assert line.startswith("RESULT "), result.stderr[-2000:]
     return json.loads(line.removeprefix("RESULT "))
