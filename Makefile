@@ -84,11 +84,14 @@ grade-demo: $(STAMP)
 check-exhaustive: $(STAMP)
 	$(BIN)/python tools/check_exhaustive.py
 
-# Speed, reported as ratios measured side by side in one run (never asserted in tests).
+# Speed, reported as ratios measured side by side in one run (never asserted in tests); then the
+# two commands themselves, `make test` and `make book`, with the core count, as ratios of their
+# budgets and of the last run here (benchmarks/bench_commands.py: about 15 minutes on 2 cores).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_round_to.py
 	$(BIN)/python benchmarks/bench_optim.py
 	$(BIN)/python benchmarks/bench_doctor.py
+	$(BIN)/python benchmarks/bench_commands.py
 
 # Not part of `make bench` (it needs root and bubblewrap, and grades for minutes): what grading a
 # student costs, step by step, and students per minute at --jobs 1..cores (instructor guide).
