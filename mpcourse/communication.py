@@ -35,7 +35,7 @@ import pickle
 import socket
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -538,12 +538,20 @@ class FeedbackResult:
     """Error feedback over the steps: for each variant (``"without feedback"``, ``"with
     feedback"``), ``accumulated_error[variant][t]`` is ``||what was communicated up to step t -
     the exact sum up to step t||``, and ``exact_norm[t]`` the norm of that exact sum (summed over
-    ranks and steps); ``never_sent[variant]`` counts the values whose communicated total is
-    still zero at the end although their exact total is not."""
+    ranks and steps); ``step_error[variant][t]`` is the norm of step t's own error (what was
+    communicated at step t minus that step's exact sum); ``never_sent[variant]`` counts the values
+    whose communicated total is still zero at the end although their exact total is not.
+
+    ``planted``: with :func:`error_feedback`'s ``planted``, each rank appends one component that
+    is always that fraction of its largest gradient value; ``planted[variant][t]`` is the error of
+    that component's total up to step t, relative to its exact total (1.0: nothing of it arrived).
+    Empty without a planted component."""
 
     accumulated_error: dict
     exact_norm: list
     never_sent: dict
+    step_error: dict = field(default_factory=dict)
+    planted: dict = field(default_factory=dict)
 
 
 def _gather_sums(messages, world_size) -> list[torch.Tensor]:
@@ -565,7 +573,7 @@ def _gather_sums(messages, world_size) -> list[torch.Tensor]:
     return sums
 
 
-def _error_feedback_worker(rank, world_size, steps, fmt, seed):
+def _error_feedback_worker(rank, world_size, steps, fmt, seed, planted):
     from mpcourse.fp8 import quantize
 
     residual = None
@@ -574,6 +582,8 @@ def _error_feedback_worker(rank, world_size, steps, fmt, seed):
     sent_history, own_history, own_total = {name: [] for name in variants}, [], 0.0
     for step in range(steps):
         gradient = local_gradient(rank, step=step, seed=seed, device=rank_device())
+        if planted is not None:  # one more component, always this fraction of the largest value
+            gradient = torch.cat([gradient, planted * gradient.abs().max().reshape(1)])
         corrected = gradient if residual is None else gradient + residual
         plain, fed = quantize(gradient, fmt), quantize(corrected, fmt)
         residual = corrected - fed.dequantize()  # what was not sent: send it next time
@@ -588,15 +598,22 @@ def _error_feedback_worker(rank, world_size, steps, fmt, seed):
     dist.reduce(exact, dst=0)
     if rank != 0:
         return None
-    errors = {name: torch.linalg.vector_norm(torch.stack(sent_history[name]) - exact, dim=1)
-              for name in variants}
+    result = {}
+    for name in variants:
+        error = torch.stack(sent_history[name]) - exact  # step t: accumulated error up to t
+        per_step = torch.diff(error, dim=0, prepend=torch.zeros_like(error[:1]))
+        result[name] = (torch.linalg.vector_norm(error, dim=1).cpu().tolist(),
+                        torch.linalg.vector_norm(per_step, dim=1).cpu().tolist(),
+                        (error[:, -1].abs() / exact[:, -1].abs()).cpu().tolist())
     never_sent = {name: int(((sent[name] == 0) & (exact[-1] != 0)).sum()) for name in variants}
-    return FeedbackResult({name: e.cpu().tolist() for name, e in errors.items()},
-                          torch.linalg.vector_norm(exact, dim=1).cpu().tolist(), never_sent)
+    return FeedbackResult({name: r[0] for name, r in result.items()},
+                          torch.linalg.vector_norm(exact, dim=1).cpu().tolist(), never_sent,
+                          {name: r[1] for name, r in result.items()},
+                          {name: r[2] for name, r in result.items()} if planted is not None else {})
 
 
 def error_feedback(world_size: int = 4, steps: int = 50, fmt="e4m3", *, seed=0,
-                   backend=None) -> FeedbackResult:
+                   planted: float | None = None, backend=None) -> FeedbackResult:
     """Communicate digits gradients compressed to FP8 (one scale per tensor, via
     :func:`mpcourse.fp8.quantize`) for ``steps`` steps, with and without error feedback.
 
@@ -606,42 +623,57 @@ def error_feedback(world_size: int = 4, steps: int = 50, fmt="e4m3", *, seed=0,
     of what it sent up to step t is ``sum g - e_t``: the accumulated error stays the size of the
     ranks' current residuals instead of growing with t.
     The compressed messages are all-gathered (each rank has its own scale) and summed in FP32.
+
+    ``planted``: if given, each rank appends one component equal to ``planted`` times its largest
+    gradient value at every step (a small, steady gradient, such as a bias's); below the format's
+    flush threshold (``2**-10 / 448`` for E4M3) it is rounded to zero at every step without
+    feedback (see :attr:`FeedbackResult.planted`).
     """
     fmt = get_format(fmt)
+    if planted is not None and not (isinstance(planted, (int, float)) and 0 < planted < 1):
+        raise ValueError(f"planted is a fraction of the largest gradient value, 0 < planted < 1, "
+                         f"got {planted!r}")
     if fmt.name not in ("e4m3", "e5m2"):
         raise ValueError(f"error_feedback compresses to FP8, 'e4m3' or 'e5m2', not {fmt.name!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a whole number >= 1, got {steps!r}")
     return run_workers(_error_feedback_worker, world_size, steps, fmt.name, seed,
-                       backend=backend)[0]
+                       None if planted is None else float(planted), backend=backend)[0]
 
 
-def _throughput_worker(rank, world_size, sizes, wires, repeats):
-    device, timings = rank_device(), {}
-    for numel in sizes:
-        for wire in wires:
-            message = torch.zeros(numel, dtype=WIRE_DTYPES[wire], device=device)
-            dist.all_reduce(message)  # warm up the connections and buffers
+def _throughput_worker(rank, world_size, messages, repeats):
+    device = rank_device()
+    buffers = {(numel, wire): torch.zeros(numel, dtype=WIRE_DTYPES[wire], device=device)
+               for numel, wire in messages}
+    for buffer in buffers.values():
+        dist.all_reduce(buffer)  # warm up the connections and buffers
+    timings = {key: [] for key in buffers}
+    for _ in range(repeats):  # interleaved: every message once per round, under the same load
+        for key, buffer in buffers.items():
             dist.barrier()
             start = time.perf_counter()
-            for _ in range(repeats):
-                dist.all_reduce(message)
+            dist.all_reduce(buffer)
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            timings[numel, wire] = (time.perf_counter() - start) / repeats
+            timings[key].append(time.perf_counter() - start)
     return timings if rank == 0 else None
 
 
-def allreduce_throughput(world_size: int = 4, sizes=(2**16, 2**20, 2**22),
-                         wires=("fp32", "fp16", "bf16"), *, repeats: int = 3, backend=None) -> dict:
-    """Seconds per all-reduce of ``numel`` elements in each wire format, measured on rank 0:
-    ``{(numel, wire): seconds}``. On one machine with gloo this is loopback TCP through the
-    CPU, not a network: the numbers say what this machine does, not what a cluster link does."""
-    wires = tuple(get_format(w).name for w in wires)
-    for wire in wires:
+def allreduce_throughput(world_size: int = 4, messages=((2**20, "fp32"), (2**20, "fp16"), (2**20, "bf16")),
+                         *, repeats: int = 15, backend=None) -> dict:
+    """Seconds per all-reduce of each message ``(numel, wire)``, measured on rank 0, one call at a
+    time: ``{(numel, wire): [seconds of each repeat]}``. The repeats are interleaved (one of each
+    message per round), so that a change in the machine's load hits every message alike; take
+    the median and the spread. On one machine with gloo this is loopback TCP through the CPU,
+    not a network: the numbers say what this machine does, not what a cluster link does."""
+    messages = tuple((int(numel), get_format(wire).name) for numel, wire in messages)
+    for numel, wire in messages:
         _wire_dtype(wire)
-    return run_workers(_throughput_worker, world_size, tuple(sizes), wires, repeats,
-                       backend=backend)[0]
+        if numel < 1:
+            raise ValueError(f"a message needs at least one element, got {numel}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a whole number >= 1, got {repeats!r}")
+    return run_workers(_throughput_worker, world_size, messages, repeats, backend=backend)[0]
 
 
 # ---------------------------------------------------------------------------------------------

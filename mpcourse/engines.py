@@ -292,6 +292,43 @@ def wire_and_compute_error(world_sizes=(2, 8, 32, 128), wires=("fp16", "bf16"), 
     return rows
 
 
+@dataclass(frozen=True)
+class AccumulationError:
+    """Gradient accumulation over ``micro_batches`` micro-batches: the relative error of the
+    accumulated gradient held in BF16 (``bf16``) and in FP32 (``fp32``) against the exact sum of
+    the same micro-batch gradients."""
+
+    micro_batches: int
+    bf16: float
+    fp32: float
+
+
+def accumulation_error(micro_batches=(2, 8, 32), *, seed: int = 0) -> list[AccumulationError]:
+    """What FSDP2's accumulation dtype costs, in one process. The digits MLP runs one backward
+    per micro-batch of 32 digits; each micro-batch's gradient, divided by the number of
+    micro-batches k (as when its loss is) and rounded to BF16 (FSDP2 holds the unsharded gradient
+    in ``param_dtype``), is added to a running sum held in BF16 (``reduce_dtype`` unset: every
+    addition rounded to 8 significant bits) or in FP32 (``reduce_dtype=torch.float32``). Both are
+    compared with the exact (float64) sum of the same BF16 gradients: the error is the
+    accumulation's alone, whatever computed the gradients."""
+    if not micro_batches or any(isinstance(k, bool) or not isinstance(k, int) or k < 1
+                                for k in micro_batches):
+        raise ValueError(f"micro_batches must be whole numbers >= 1, got {micro_batches!r}")
+    model, grads, rows = digits_model(seed), [], []
+    for i in range(max(micro_batches)):
+        _backward(model, i, 0, seed, None)  # micro-batch i: the batch rank i would draw
+        grads.append(_flat_grad(model).clone())
+    for k in micro_batches:
+        parts = [(g / k).bfloat16() for g in grads[:k]]
+        in_bf16, in_fp32 = torch.zeros_like(parts[0]), torch.zeros_like(parts[0], dtype=torch.float32)
+        for g in parts:
+            in_bf16 += g   # BF16 + BF16, rounded to BF16
+            in_fp32 += g   # into an FP32 sum
+        exact = torch.stack(parts).double().sum(0)
+        rows.append(AccumulationError(k, relative_error(in_bf16, exact), relative_error(in_fp32, exact)))
+    return rows
+
+
 def _check_steps(steps) -> None:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a whole number >= 1, got {steps!r}")
@@ -507,11 +544,15 @@ def local_bytes(tensors) -> int:
                for t in tensors)
 
 
-def rank_bytes(model, optimizer) -> dict[str, int]:
+def rank_bytes(model, optimizer, buckets=()) -> dict[str, int]:
     """Bytes this rank keeps between steps, by role (:func:`mpcourse.optim.training_state`),
     counted from its own tensors; the optimizer state is split into the tensors shaped like the
     parameters (Adam's two moments) and the per-tensor ``step`` counters.
-    ``ZeroRedundancyOptimizer`` keeps its rank's share in an inner optimizer, ``.optim``."""
+    ``ZeroRedundancyOptimizer`` keeps its rank's share in an inner optimizer, ``.optim``.
+    ``buckets``: DDP's flat bucket buffers (recorded by :func:`_bucket_spy`); the role ``"DDP
+    buckets"`` counts the bytes of those that are not also the gradients' storage. With DDP's
+    default ``gradient_as_bucket_view=False`` the buckets are a second copy of the gradients; with
+    ``True`` the ``.grad`` tensors are views into them, and they cost nothing more."""
     from mpcourse.optim import training_state
 
     state = training_state(model, getattr(optimizer, "optim", optimizer))
@@ -520,10 +561,24 @@ def rank_bytes(model, optimizer) -> dict[str, int]:
     counters = [t for t in optimizer_state if t.dim() == 0]
     bill = {role: local_bytes(tensors) for role, tensors in state.items()}
     bill["Adam moments"], bill["step counters"] = local_bytes(moments), local_bytes(counters)
+    storages = {b.untyped_storage().data_ptr(): b.untyped_storage().nbytes() for b in buckets}
+    if storages:  # DDP keeps plain tensors (no DTensor shards), whose storage can be compared
+        shared = {g.untyped_storage().data_ptr() for g in state["gradients"]}
+        storages = {ptr: n for ptr, n in storages.items() if ptr not in shared}
+    bill["DDP buckets"] = sum(storages.values())
     return bill
 
 
-ENGINES = ("DDP", "ZeRO-1", "ZeRO-2-like", "ZeRO-3-like", "BF16 weights + FP32 masters")
+def _bucket_spy(buffers: dict, bucket):
+    """A DDP comm hook: note the bucket's flat buffer in ``buffers``, then DDP's own all-reduce."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    buffers[bucket.index()] = bucket.buffer()
+    return allreduce_hook(None, bucket)
+
+
+ENGINES = ("DDP", "DDP, gradient_as_bucket_view", "ZeRO-1", "ZeRO-2-like", "ZeRO-3-like",
+           "BF16 weights + FP32 masters")
 
 
 def _memory_worker(rank, world_size, seed):
@@ -537,12 +592,14 @@ def _memory_worker(rank, world_size, seed):
     x, y = lm_rank_batch(rank, world_size, seed=seed)
     bills, held_after_forward = {}, {}
     for engine in ENGINES:
-        model = transformer(seed)
-        if engine in ("DDP", "ZeRO-1"):
-            # gradient_as_bucket_view: the gradients are views into DDP's buckets, not a copy
-            model = DDP(model, gradient_as_bucket_view=True)
+        model, buckets = transformer(seed), {}
+        if engine.startswith("DDP") or engine == "ZeRO-1":
+            # DDP's default copies the gradients into separate buckets; gradient_as_bucket_view=True
+            # makes the .grad tensors views into the buckets (the ZeRO-1 row uses it too)
+            model = DDP(model, gradient_as_bucket_view=engine != "DDP")
+            model.register_comm_hook(buckets, _bucket_spy)
             params = model.parameters()
-            optimizer = (torch.optim.AdamW(params) if engine == "DDP" else
+            optimizer = (torch.optim.AdamW(params) if engine.startswith("DDP") else
                          ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW))
         elif engine.startswith("ZeRO"):
             shard(model, MixedPrecisionPolicy(torch.bfloat16, torch.float32),
@@ -560,7 +617,7 @@ def _memory_worker(rank, world_size, seed):
                 p for p in model.parameters() if not isinstance(p, DTensor))
             loss.backward()
             optimizer.step()
-        bills[engine] = rank_bytes(model, optimizer)
+        bills[engine] = rank_bytes(model, optimizer, buckets.values())
     n_params = sum(p.numel() for p in transformer(seed).parameters())
     n_tensors = len(list(transformer(seed).parameters()))
     return bills, held_after_forward, n_params, n_tensors
@@ -568,7 +625,9 @@ def _memory_worker(rank, world_size, seed):
 
 def memory_per_rank(world_size: int = 2, *, seed: int = 0):
     """Bytes each rank holds under each engine of :data:`ENGINES`, counted from its real tensors
-    after two AdamW steps of the tiny transformer (one launch).
+    after two AdamW steps of the tiny transformer (one launch): ``"DDP"`` with DDP's defaults
+    (its buckets a second copy of the gradients), ``"DDP, gradient_as_bucket_view"`` and
+    ``"ZeRO-1"`` with ``gradient_as_bucket_view=True``.
 
     Returns ``(bills, held_after_forward, n_params, n_tensors)``: ``bills[rank][engine][role]``,
     ``held_after_forward[rank][engine]`` (bytes of unsharded parameters between forward and

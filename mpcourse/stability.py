@@ -268,10 +268,13 @@ class AdamLowPrecisionStates(torch.optim.Optimizer):
     nonlinear 8-bit code, like the dynamic quantisation of real 8-bit optimizers, but not theirs).
     ``v`` holds squared gradients, whose range is the square of the gradients' range: hence E5M2,
     the 8-bit float with the wider range, by default (``v_code`` chooses another). The arithmetic
-    is FP32, as in kernels that load the states, update them in registers and store them back:
+    is FP32, in the order of kernels that load the stored states, update them in registers, step
+    the weights with those FP32 values and only then store the states back (bitsandbytes' 8-bit
+    Adam does): the rounding of a step's states reaches the weights from the next step on::
 
-        m ← store(β₁·m + (1−β₁)·g),  v ← store(β₂·v + (1−β₂)·g²),
+        m ← β₁·m + (1−β₁)·g,  v ← β₂·v + (1−β₂)·g²        (FP32, from the stored m and v)
         p ← p − lr · (m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + ε)
+        m ← store(m),  v ← store(v)
     """
 
     FORMATS = ("fp32", "bf16", "8bit")
@@ -299,9 +302,10 @@ class AdamLowPrecisionStates(torch.optim.Optimizer):
                                  v=torch.zeros_like(p, dtype=torch.float32))
                 state["step"] += 1
                 g = p.grad.float()
-                state["m"] = _store(beta1 * state["m"] + (1 - beta1) * g, self.state_format, self.block)
-                state["v"] = _store(beta2 * state["v"] + (1 - beta2) * g * g, self.state_format, self.block,
-                                    self.v_code)
-                m_hat = state["m"] / (1 - beta1 ** state["step"])
-                v_hat = state["v"] / (1 - beta2 ** state["step"])
+                m = beta1 * state["m"] + (1 - beta1) * g
+                v = beta2 * state["v"] + (1 - beta2) * g * g
+                m_hat = m / (1 - beta1 ** state["step"])
+                v_hat = v / (1 - beta2 ** state["step"])
                 p -= (group["lr"] * m_hat / (v_hat.sqrt() + group["eps"])).to(p.dtype)
+                state["m"] = _store(m, self.state_format, self.block)
+                state["v"] = _store(v, self.state_format, self.block, self.v_code)

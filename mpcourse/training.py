@@ -471,8 +471,9 @@ def select_precision(device=None, *, capability: tuple[int, int] | None = None,
               of 32 on 10.x and 11.x (data-centre Blackwell: B200, GB200)
         CUDA, capability >= 7.0                             -> fp16 with dynamic loss scaling
         CUDA, older                                         -> fp32
-        CPU with BF16 matrix instructions (AVX512_BF16/AMX) -> bf16
-        CPU without them, or another kind of device         -> fp32
+        CPU with AMX (BF16 matrix tiles)                    -> bf16
+        CPU with AVX512_BF16 or ARM BF16 alone, or neither  -> fp32 (BF16 for memory, not speed)
+        another kind of device                              -> fp32
 
     ``device``: a torch device (or its name) to inspect, or a :class:`DeviceProfile` describing
     any machine; default: this machine's GPU, else its CPU. ``capability=(major, minor)``
@@ -550,8 +551,10 @@ def _select_cuda(profile: DeviceProfile, allow_fp8: bool) -> PrecisionChoice:
     if cap >= (7, 0):
         reasons += ["No BF16 tensor cores (they start at 8.0, Ampere), but FP16 ones (7.0 Volta, "
                     "7.5 Turing).",
-                    f"FP16 autocast with dynamic loss scaling: FP16's smallest subnormal is "
-                    f"2^{int(math.log2(FP16.min_subnormal))}, and smaller gradients would be lost."]
+                    f"FP16 autocast with dynamic loss scaling: in FP16, gradients below "
+                    f"2^{int(math.log2(FP16.min_subnormal)) - 1} round to zero and those below "
+                    f"2^{int(math.log2(FP16.min_normal))} keep fewer significant bits; the scaler "
+                    f"lifts them."]
         return PrecisionChoice("fp16", tuple(reasons), profile, fallback="fp32")
     reasons.append("No tensor cores (they start at 7.0, Volta), so start in FP32. Without them a "
                    "16-bit format saves activation memory, and time only where the GPU's own FP16 "
@@ -562,11 +565,18 @@ def _select_cuda(profile: DeviceProfile, allow_fp8: bool) -> PrecisionChoice:
 
 def _select_cpu(profile: DeviceProfile) -> PrecisionChoice:
     reasons = [f"CPU: {profile.name or 'unknown model'}."]
-    if profile.cpu_bf16:
-        reasons.append(f"It has BF16 matrix instructions ({profile.cpu_bf16}): oneDNN runs BF16 "
-                       f"matmuls natively, so BF16 autocast stores most activations in 16 bits "
-                       f"and can speed up large matrix products; no loss scaler is needed.")
+    if profile.cpu_bf16 and "AMX" in profile.cpu_bf16:
+        reasons.append(f"It has AMX, BF16 matrix tiles ({profile.cpu_bf16}): oneDNN runs large BF16 "
+                       f"matrix products on them, faster than FP32, and BF16 autocast stores most "
+                       f"activations in 16 bits; no loss scaler is needed.")
         return PrecisionChoice("bf16", tuple(reasons), profile, fallback="fp32")
+    if profile.cpu_bf16:
+        reasons.append(f"It has BF16 instructions ({profile.cpu_bf16}) but no AMX: oneDNN runs BF16 "
+                       f"matrix products natively, yet not reliably faster than FP32 (on an "
+                       f"AVX512_BF16 Xeon without AMX they can be slower), so train in FP32; BF16 "
+                       f"autocast saves activation memory, and a timed large matrix product shows "
+                       f"whether it also saves time here.")
+        return PrecisionChoice("fp32", tuple(reasons), profile)
     reasons.append("No BF16 matrix instructions: BF16 values would be widened to FP32 inside every "
                    "kernel, usually slower than FP32 itself, so train in FP32 (BF16 autocast still "
                    "works, for memory).")

@@ -199,15 +199,34 @@ def test_fp16_overflow_when_summing_is_reproduced_and_fixed_by_dividing_first():
 
 def test_error_feedback_keeps_the_accumulated_error_bounded():
     steps = 12
-    result = comm.error_feedback(2, steps, "e4m3", backend="gloo")
+    result = comm.error_feedback(2, steps, "e4m3", planted=1e-6, backend="gloo")
     without = result.accumulated_error["without feedback"]
     with_ = result.accumulated_error["with feedback"]
     assert len(without) == len(with_) == len(result.exact_norm) == steps
     assert without[0] == with_[0]  # the first step sends the same message either way
-    assert without[-1] > 2 * without[0]  # without feedback, the errors pile up
+    assert without[-1] > 2 * without[0]  # without feedback, the errors pile up...
+    spread = sum(e * e for e in result.step_error["without feedback"]) ** 0.5
+    assert 0.7 < without[-1] / spread < 1.4  # ...as a random walk: the root-sum-square of the steps
+    assert without[-1] < 0.6 * sum(result.step_error["without feedback"])  # not as a systematic sum
     assert with_[-1] < without[-1] / 2
     assert max(with_) < 2 * with_[0]  # with feedback, the error stays one residual's size
     assert result.never_sent["with feedback"] <= result.never_sent["without feedback"]
+    # the planted component, below E4M3's flush threshold: never sent without feedback
+    assert result.planted["without feedback"] == [1.0] * steps
+    assert result.planted["with feedback"][-1] < 0.5
+
+
+def test_error_feedback_refuses_a_planted_component_that_is_not_a_fraction():
+    with pytest.raises(ValueError, match="0 < planted < 1"):
+        comm.error_feedback(2, 2, "e4m3", planted=2.0)
+
+
+def test_allreduce_throughput_times_every_message_in_every_round():
+    times = comm.allreduce_throughput(2, ((1024, "fp32"), (1024, "bf16")), repeats=3, backend="gloo")
+    assert set(times) == {(1024, "fp32"), (1024, "bf16")}
+    assert all(len(t) == 3 and min(t) > 0 for t in times.values())
+    with pytest.raises(ValueError, match="repeats"):
+        comm.allreduce_throughput(2, ((1024, "fp32"),), repeats=0)
 
 
 def test_local_gradients_are_a_data_parallel_split_of_one_batch():

@@ -92,6 +92,23 @@ def test_memory_per_rank_matches_the_formulas():
     assert mixed["weights"] + mixed["gradients"] + mixed["master weights"] + mixed["Adam moments"] \
         == 18 * n_params
     assert held[0]["ZeRO-2-like"] == 2 * n_params and held[0]["ZeRO-3-like"] < held[0]["ZeRO-2-like"]
+    # DDP's buckets: a second FP32 copy of the gradients with its default gradient_as_bucket_view=False,
+    # nothing more when the .grad tensors are views into them
+    for bill in bills:
+        assert bill["DDP"]["DDP buckets"] == 4 * n_params
+        assert bill["DDP, gradient_as_bucket_view"]["DDP buckets"] == bill["ZeRO-1"]["DDP buckets"] == 0
+        assert bill["ZeRO-3-like"]["DDP buckets"] == 0
+
+
+def test_bf16_accumulation_error_grows_with_the_micro_batches_fp32_does_not():
+    torch.set_num_threads(1)
+    rows = engines.accumulation_error((1, 4, 16))
+    assert [r.micro_batches for r in rows] == [1, 4, 16]
+    assert rows[0].bf16 == rows[0].fp32 == 0  # one micro-batch: nothing to add
+    assert rows[1].bf16 < rows[2].bf16 and 2.0**-10 < rows[1].bf16 < 2.0**-6
+    assert all(r.fp32 < 1e-6 for r in rows)
+    with pytest.raises(ValueError, match="whole numbers >= 1"):
+        engines.accumulation_error((0,))
 
 
 def test_dcp_roundtrip_is_bit_identical(tmp_path):

@@ -213,6 +213,23 @@ def test_adam_low_precision_states_follows_torch_adam(state_format):
     assert (ours - theirs).abs().max().item() < tolerance
 
 
+@pytest.mark.parametrize("state_format", ["bf16", "8bit"])
+def test_low_precision_states_reach_the_weights_from_the_next_step_on(state_format):
+    # bitsandbytes' order: update the states in FP32, step the weights with them, then store them;
+    # so the first step is plain Adam's, even where storing flushes a state to zero
+    grad = torch.cat([torch.full((4,), 1.0), torch.full((60,), 1e-4)])  # one block: v's small ones flush
+    runs = {}
+    for fmt in ("fp32", state_format):
+        p = torch.zeros(64, requires_grad=True)
+        optimizer = AdamLowPrecisionStates([p], lr=1e-3, state_format=fmt, v_code="e4m3")
+        p.grad = grad.clone()
+        optimizer.step()
+        runs[fmt] = (p.detach().clone(), optimizer.state[p]["v"].clone())
+    assert torch.equal(runs[state_format][0], runs["fp32"][0])
+    if state_format == "8bit":
+        assert (runs["8bit"][1][4:] == 0).all()  # stored v flushed, yet the step above was exact
+
+
 def test_bf16_second_moment_cannot_decay_with_beta2_0999():
     parameter = torch.zeros(4, requires_grad=True)
     runs = {}
