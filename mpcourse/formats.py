@@ -567,8 +567,11 @@ def _round_by_gaps(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: b
     c = _carrier_for(x.dtype, fmt)
     x = x.to(c.dtype)
     a = x.abs()
-    e = torch.frexp(a).exponent - 1                            # a in [2**e, 2**(e+1))
-    gap = torch.ldexp(torch.ones_like(a), torch.clamp(e, min=fmt.emin) - fmt.mantissa_bits)
+    # 2**e for a in [2**e, 2**(e+1)): a's bits with the significand cleared (0 for a carrier
+    # subnormal, inf for inf and NaN), at least 2**emin, times 2**-M: all exact powers of two.
+    power = (a.view(c.int_dtype) & c.inf_bits).view(c.dtype)
+    gap = torch.clamp(power, min=2.0 ** fmt.emin) * 2.0 ** -fmt.mantissa_bits
+    gap = torch.where(torch.isinf(power), 1.0, gap)            # inf and NaN: steps = a itself
     steps = a / gap
     if rounding == "stochastic":
         below = torch.floor(steps)
