@@ -31,10 +31,11 @@ $(STUDENT_STAMP): pyproject.toml
 student: $(STUDENT_STAMP)
 	$(STUDENT_VENV)/bin/jupyter lab --notebook-dir=.
 
-# -W: Sphinx warnings are errors; -n: nitpicky cross-references. Notebooks execute during the
-# build (book/_config.yml: execute_notebooks: force), offline, on whatever device is present.
+# Every notebook executed, offline, on whatever device is present, one per core at a time
+# (tools/build_book.py), then `jupyter-book build -W -n --keep-going` (-W: Sphinx warnings are
+# errors; -n: nitpicky cross-references) on them.
 book: $(STAMP)
-	$(BIN)/jupyter-book build -W -n --keep-going .
+	$(BIN)/python tools/build_book.py
 	@echo "Book built: open _build/html/index.html"
 
 test: $(STAMP)
@@ -70,24 +71,27 @@ gpu-rehearsal: gpu-kit
 
 # Regenerates the student release exercises/ from the nbgrader source in solutions/ (commit both).
 exercises: $(STAMP)
-	$(BIN)/python tools/autograde.py release
+	$(BIN)/python -m grader release
 
 # A whole grading session in grade-demo/: release, fabricated submissions (full, blank, partial,
-# reference-calling, the hostile corpus and honest accidents), graded by tools/grader.py with each
-# student in a bubblewrap sandbox (refuses without one), feedback HTML, a grade CSV, score tables.
-# A real course: `python tools/autograde.py grade ASSIGNMENT --course DIR` (instructor guide).
+# reference-calling, the hostile corpus and honest accidents), graded by grader/ with each student
+# in a bubblewrap sandbox (refuses without one), feedback HTML, a grade CSV, score tables.
+# A real course: `python -m grader grade ASSIGNMENT --course DIR` (instructor guide).
 grade-demo: $(STAMP)
-	$(BIN)/python tools/autograde.py demo --out grade-demo
+	$(BIN)/python -m grader demo --out grade-demo
 
 # Not part of `make test`: compares round_to with ml_dtypes on all 2**32 float32 inputs.
 check-exhaustive: $(STAMP)
 	$(BIN)/python tools/check_exhaustive.py
 
-# Speed, reported as ratios measured side by side in one run (never asserted in tests).
+# Speed, reported as ratios measured side by side in one run (never asserted in tests); then the
+# two commands themselves, `make test` and `make book`, with the core count, as ratios of their
+# budgets and of the last run here (benchmarks/bench_commands.py: about 15 minutes on 2 cores).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_round_to.py
 	$(BIN)/python benchmarks/bench_optim.py
 	$(BIN)/python benchmarks/bench_doctor.py
+	$(BIN)/python benchmarks/bench_commands.py
 
 # Not part of `make bench` (it needs root and bubblewrap, and grades for minutes): what grading a
 # student costs, step by step, and students per minute at --jobs 1..cores (instructor guide).

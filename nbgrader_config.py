@@ -67,7 +67,7 @@ c.Autograde.autograde_preprocessors = [
     BoundedOutputExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
     AssignLatePenalties, CheckCellMetadata]
 
-# The instructor's secret, from which tools/grader.py draws each student's hidden-test inputs
+# The instructor's secret, from which the grader (grader/) draws each student's hidden-test inputs
 # (mpcourse.grading.seed), is NOT set here: this file is tracked by git, and a private clone of the
 # public repository could push it back. The grader reads $MPCOURSE_GRADING_SECRET or the git-ignored
 # file .grading-secret in the course directory (the variable wins), and refuses any other value

@@ -5,9 +5,9 @@ at `--jobs 1, 2, ...` up to the cores of this machine, side by side in one run.
                                        [--jobs 1,2] [--no-feedback]
 
 A scratch course gets `--students` fabricated submissions (full, blank, partial and
-reference-calling, in turn), graded by tools/schedule.py exactly as `autograde.py grade` grades,
+reference-calling, in turn), graded by grader/schedule.py exactly as `python -m grader grade` grades,
 once per `--jobs` value, from an empty gradebook each time. Nothing about a student's grading is
-assumed: every sandboxed run that `grader.grade_student` makes is timed as it happens and sorted
+assumed: every sandboxed run that `schedule.grade_student` makes is timed as it happens and sorted
 by what it runs (the feedback run, the hidden tests, anything else, such as a reference run), and
 the rest of a student's time is the set-up (reading, checking, writing the feedback notebook).
 The machine's load average is printed before and after: on a shared machine, other work slows
@@ -25,10 +25,9 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import autograde  # noqa: E402
-import grader  # noqa: E402
-import schedule  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from grader import fabricate, runs, schedule  # noqa: E402
+from grader.course import make_course  # noqa: E402
 
 KINDS = ["full", "blank", "partial", "reference"]
 CLASSES = (300, 1000)
@@ -45,14 +44,14 @@ def step_of(command: list[str]) -> str:
 
 
 class Clock:
-    """Times every sandboxed run of each student's grading (grader.run_sandboxed, in the thread
+    """Times every sandboxed run of each student's grading (runs.run_sandboxed, in the thread
     that grades that student) and keeps each run's peak memory."""
 
     def __init__(self):
         self.local, self.lock = threading.local(), threading.Lock()
         self.steps = defaultdict(lambda: defaultdict(float))  # student -> step -> seconds
         self.memory = defaultdict(int)                          # step -> peak bytes of one sandbox
-        self.run_sandboxed, self.grade_student = grader.run_sandboxed, grader.grade_student
+        self.run_sandboxed, self.grade_student = runs.run_sandboxed, schedule.grade_student
 
     def __enter__(self):
         def grade_student(course, assignment, student, *args):
@@ -69,19 +68,19 @@ class Clock:
                     self.memory[step_of(command)] = max(self.memory[step_of(command)], outcome.memory_bytes or 0)
             return outcome
 
-        grader.grade_student, grader.run_sandboxed = grade_student, run_sandboxed
+        schedule.grade_student, runs.run_sandboxed = grade_student, run_sandboxed
         return self
 
     def __exit__(self, *exc):
-        grader.grade_student, grader.run_sandboxed = self.grade_student, self.run_sandboxed
+        schedule.grade_student, runs.run_sandboxed = self.grade_student, self.run_sandboxed
 
 
 def make_class(course: Path, assignment: str, count: int) -> None:
-    fabricated = autograde.submissions(assignment)
-    autograde.make_course(course, [assignment])
+    fabricated = fabricate.submissions(assignment)
+    make_course(course, [assignment])
     for i in range(count):
         kind = KINDS[i % len(KINDS)]
-        autograde.write_submission(course, assignment, f"s{i:03d}_{kind}", fabricated[kind])
+        fabricate.write_submission(course, assignment, f"s{i:03d}_{kind}", fabricated[kind])
 
 
 def measure(course: Path, assignment: str, jobs: int, feedback: bool, timeout: int):
@@ -91,7 +90,7 @@ def measure(course: Path, assignment: str, jobs: int, feedback: bool, timeout: i
     (course / "gradebook.db").unlink(missing_ok=True)
     with Clock() as clock, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        report = grader.grade(course, assignment, workers=jobs, feedback=feedback, timeout=timeout, progress=True)
+        report = schedule.grade(course, assignment, workers=jobs, feedback=feedback, timeout=timeout, progress=True)
     return report, clock
 
 

@@ -23,30 +23,28 @@ from pathlib import Path
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import autograde  # noqa: E402
-import grader  # noqa: E402
-import judge  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from grader import fabricate, judge, notebooks, runs  # noqa: E402
 
 SECRET = "bench-secret"
 
 
 def student_run(source: dict, release: dict, timeout: int, sandbox: bool) -> float:
-    job = grader.hidden_test_job(source, submission_of(release), SECRET, timeout)
+    job = runs.hidden_test_job(source, submission_of(release), SECRET, timeout)
     with tempfile.TemporaryDirectory() as scratch:
         start = time.perf_counter()
-        record, problem = grader.run_hidden_tests(Path(scratch) / "student", job, sandbox, timeout)
+        record, problem = runs.run_hidden_tests(Path(scratch) / "student", job, sandbox, timeout)
         seconds = time.perf_counter() - start
     assert problem is None, problem
     return seconds
 
 
 def whole(source: dict, release: dict, timeout: int, sandbox: bool) -> float:
-    jobs = {"reference": grader.hidden_test_job(source, source, SECRET, timeout, reference=True),
-            "student": grader.hidden_test_job(source, submission_of(release), SECRET, timeout)}
+    jobs = {"reference": runs.hidden_test_job(source, source, SECRET, timeout, reference=True),
+            "student": runs.hidden_test_job(source, submission_of(release), SECRET, timeout)}
     with tempfile.TemporaryDirectory() as scratch:
         start = time.perf_counter()
-        records = {who: grader.run_hidden_tests(Path(scratch) / who, job, sandbox, timeout)[0] for who, job in jobs.items()}
+        records = {who: runs.run_hidden_tests(Path(scratch) / who, job, sandbox, timeout)[0] for who, job in jobs.items()}
         verdicts = judge.judge(records["reference"], records["student"])
         seconds = time.perf_counter() - start
     assert all(v["passed"] for v in verdicts.values()), verdicts
@@ -55,8 +53,8 @@ def whole(source: dict, release: dict, timeout: int, sandbox: bool) -> float:
 
 def submission_of(release: dict) -> dict:
     """The release with the instructor's solutions in its answer cells: a full-marks student."""
-    cells = autograde.solution_cells(release["metadata"]["mpcourse_assignment"])
-    return {**release, "cells": [{**c, "source": cells.get(grader.grade_id(c), c["source"])} for c in release["cells"]]}
+    cells = fabricate.solution_cells(release["metadata"]["mpcourse_assignment"])
+    return {**release, "cells": [{**c, "source": cells.get(notebooks.grade_id(c), c["source"])} for c in release["cells"]]}
 
 
 def main() -> None:
@@ -65,12 +63,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=int, default=60)
     args = parser.parse_args()
-    sandbox = grader.sandbox_problem() is None
-    print(f"sandbox: {'bubblewrap' if sandbox else 'none (limits only): ' + grader.sandbox_problem()}")
+    sandbox = runs.sandbox_problem() is None
+    print(f"sandbox: {'bubblewrap' if sandbox else 'none (limits only): ' + runs.sandbox_problem()}")
     print(f"{'assignment':<30} {'student alone (s)':>18} {'with reference (s)':>19} {'ratio':>6}")
     for assignment in args.assignments:
-        source = grader.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
-        release = grader.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
+        source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+        release = notebooks.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
         release["metadata"]["mpcourse_assignment"] = assignment
         alone, both = [], []
         for _ in tqdm(range(args.repeats), desc=assignment, leave=False):

@@ -16,6 +16,8 @@ Modules:
                 module and pass), gradient_table, compare_layer_outputs
     preflight -- preflight(model, inputs, loss_fn): before a long run, whether activations and
                 gradients fit FP16/BF16/FP8, and which FP16 loss scales work
+    stats    -- tensor_stats: one tensor against a format's limits (flushed, subnormal, overflow),
+                shared by debugging and preflight
     display  -- computed Markdown tables, and library source shown in the book
     doctor   -- watch(model, optimizer, scaler) around real training steps: every mixed-precision
                 mistake in them, with its fix
@@ -25,7 +27,7 @@ Modules:
                 clipping, bit-identical checkpoints), select_precision
     workloads -- small real models and data (digits, a tiny transformer), the pre-trained model
 """
-from mpcourse import bench, claims, communication, debugging, display, doctor, formats, fp8, numerics, optim, plotting, preflight, scaling, training, workloads
+from mpcourse import bench, claims, communication, debugging, display, doctor, formats, fp8, numerics, optim, plotting, preflight, scaling, stats, training, workloads
 
 
 def _version() -> str:
@@ -48,4 +50,4 @@ def _version() -> str:
 
 
 __version__ = _version()
-__all__ = ["bench", "claims", "communication", "debugging", "display", "doctor", "formats", "fp8", "numerics", "optim", "plotting", "preflight", "scaling", "training", "workloads"]
+__all__ = ["bench", "claims", "communication", "debugging", "display", "doctor", "formats", "fp8", "numerics", "optim", "plotting", "preflight", "scaling", "stats", "training", "workloads"]

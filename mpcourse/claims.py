@@ -157,6 +157,24 @@ class Paired:
         """"beyond noise" or "within noise", for a sentence generated from the result."""
         return "beyond noise" if self.beyond_noise else "within noise"
 
+    def interval(self, level: float = 0.95) -> tuple[float, float]:
+        """The ``level`` confidence interval of the mean difference, ``mean ± t · sd / sqrt(n)``
+        with ``t`` the two-sided quantile of Student's t distribution with n - 1 degrees of
+        freedom. It excludes 0 exactly when ``p < 1 - level``.
+
+        >>> result = paired_difference([0.3, 0.5, 0.4], [0.2, 0.2, 0.3], seeds=(0, 1, 2))
+        >>> [round(end, 3) for end in result.interval()], result.beyond_noise
+        ([-0.12, 0.454], False)
+        """
+        if not 0 < level < 1:
+            raise ValueError(f"level is a probability between 0 and 1, not {level!r}")
+        if self.sd == 0:
+            return (self.mean, self.mean)
+        from scipy.stats import t as student_t
+        half = float(student_t.ppf((1 + level) / 2, len(self.differences) - 1)) * self.sd
+        half /= math.sqrt(len(self.differences))
+        return (self.mean - half, self.mean + half)
+
     def __str__(self) -> str:
         """One line for the reader: ``"+0.0120 ± 0.0040 (mean ± sd over 5 paired seeds; t = 6.71,
         p = 0.0026): beyond noise"``."""

@@ -26,12 +26,12 @@ Two guard rails keep the grade honest:
 
 These run inside the student's Python process, so they stop accidents and casual tampering, not
 a determined attacker, and no grade depends on them. When the grader runs a part's tests
-(`tools/hidden_tests.py`, in a sandbox), this module *observes* instead of deciding: `assert_close`,
+(`grader/hidden_tests.py`, in a sandbox), this module *observes* instead of deciding: `assert_close`,
 `assert_equal`, `matches_reference`, `raises` and `own_work` record what the student's code did
 (values, shapes, dtypes, exception types, library calls) as data, and never raise for a wrong
 answer; the expected values were removed from the tests before they ran there. The same tests run
 on the instructor's reference solution in a sandbox of its own, on the same secret inputs, and
-`tools/judge.py`, which never runs student code, compares the two records (see the instructor
+`grader/judge.py`, which never runs student code, compares the two records (see the instructor
 guide). There `seed(n)` mixes the instructor's secret into the seeds of the hidden tests' random
 inputs; in a student's notebook it returns `n`.
 """
@@ -238,7 +238,7 @@ def own_work(function, *args, **kwargs):
     with _watch_calls_into(_PACKAGE_DIR, _THIS_FILE) as calls:
         result = function(*args, **kwargs)
     name = getattr(function, "__name__", "your code")
-    if _observations is not None:  # graded: the judge decides (tools/judge.py)
+    if _observations is not None:  # graded: the judge decides (grader/judge.py)
         _observations.append({"check": "own_work", "what": name, "calls": sorted(set(calls))[:5]})
     elif calls:
         raise AssertionError(own_work_problem(name, sorted(set(calls))))
@@ -394,7 +394,7 @@ def matches_reference(actual, *, what: str = "result", rtol: float = 0.0, atol: 
                               "rtol": float(rtol), "atol": float(atol)})
 
 
-# --- observations as data: JSON that cannot run code, compared by tools/judge.py ---------------
+# --- observations as data: JSON that cannot run code, compared by grader/judge.py --------------
 
 def _numbers(array: np.ndarray) -> dict:
     """An array's float64 values, exactly (NaN and infinities included), as base64 text."""

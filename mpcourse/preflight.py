@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mpcourse.debugging import ROOT, _check_format, _floating_tensors, tensor_stats
 from mpcourse.formats import get_format, round_to
+from mpcourse.stats import ROOT, _check_format, _floating_tensors, tensor_stats
 
 FP8_BITS = 8  # formats this narrow are used with a per-tensor scale, as FP8 training does
 # A per-tensor FP8 recipe (Transformer Engine's HYBRID, the default of its delayed and current

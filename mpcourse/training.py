@@ -457,7 +457,7 @@ class PrecisionChoice:
     ``fallback``: what to train in if the choice misbehaves (compare with a short run in it).
     ``fp8_recipe``: for ``"fp8"``, the name of the scaling recipe (a key of
     :data:`mpcourse.fp8.RECIPES`) the GPU's tensor cores serve: ``"hybrid"`` (a scale per tensor)
-    on 8.9 and 9.x, ``"mxfp8"`` (a scale per block of 32, in hardware) from 10.0 on."""
+    on 8.9, 9.x and 12.x, ``"mxfp8"`` (a scale per block of 32, in hardware) on 10.x and 11.x."""
 
     precision: str
     reasons: tuple[str, ...]
@@ -479,7 +479,8 @@ def select_precision(device=None, *, capability: tuple[int, int] | None = None,
 
         CUDA, capability >= 8.0                             -> bf16, TF32 for the FP32 matmuls
           ... and allow_fp8=True, >= 8.9, _scaled_mm runs   -> fp8  (fallback bf16): a scale per
-              tensor on 8.9 and 9.x (Ada, Hopper), MXFP8 blocks of 32 from 10.0 (Blackwell)
+              tensor on 8.9, 9.x and 12.x (Ada, Hopper, consumer Blackwell), MXFP8 blocks
+              of 32 on 10.x and 11.x (data-centre Blackwell: B200, GB200)
         CUDA, capability >= 7.0                             -> fp16 with dynamic loss scaling
         CUDA, older                                         -> fp32
         CPU with BF16 instructions (AVX512_BF16, AMX, ARM) -> bf16
@@ -521,20 +522,30 @@ def _select_cuda(profile: DeviceProfile, allow_fp8: bool) -> PrecisionChoice:
             reasons.append("It has FP8 tensor cores (8.9 and newer), but torch._scaled_mm does not "
                            "run here (PyTorch or CUDA too old), so FP8 is out.")
         else:
-            if cap >= (10, 0):
+            if (10, 0) <= cap < (12, 0):
                 recipe = "mxfp8"
                 reasons.append("It has FP8 tensor cores that scale blocks of 32 values in hardware "
-                               "(10.0 and newer: Blackwell), and FP8 was asked for (allow_fp8=True): "
-                               "the linear layers run in MXFP8 (E4M3 in both passes, one power-of-two "
-                               "E8M0 scale per 32 values), the recipe these tensor cores are built "
-                               "for; NVFP4 (4-bit values) is the further step.")
+                               "(10.x: data-centre Blackwell, B200 and GB200), and FP8 was asked for "
+                               "(allow_fp8=True): the linear layers run in MXFP8 (E4M3 in both passes, "
+                               "one power-of-two E8M0 scale per 32 values), the recipe these tensor "
+                               "cores are built for; NVFP4 (4-bit values) is the further step.")
+            elif cap >= (12, 0):
+                recipe = "hybrid"
+                reasons.append("It has FP8 tensor cores (12.x: consumer Blackwell), and FP8 was asked "
+                               "for (allow_fp8=True): the linear layers run in FP8 with one scale per "
+                               "tensor (E4M3 forward, E5M2 gradients). Transformer Engine does not run "
+                               "MXFP8 on 12.x yet; its default there is per-tensor current scaling "
+                               "(Float8CurrentScaling).")
             else:
                 recipe = "hybrid"
+                block = (" A scale per block of 128 (DeepSeek-V3's recipe, Transformer Engine's "
+                         "Float8BlockScaling) also runs on 9.x, with CUDA 12.9 or newer."
+                         if cap >= (9, 0) else
+                         " Transformer Engine's per-block recipe (Float8BlockScaling) needs 9.0 or "
+                         "newer, so not here.")
                 reasons.append("It has FP8 tensor cores (8.9 Ada, 9.x Hopper), and FP8 was asked for "
                                "(allow_fp8=True): the linear layers run in FP8 with one scale per "
-                               "tensor (E4M3 forward, E5M2 gradients); a scale per block of 128 "
-                               "(DeepSeek-V3's recipe, Transformer Engine's Float8BlockScaling) "
-                               "also runs here.")
+                               "tensor (E4M3 forward, E5M2 gradients)." + block)
             reasons.append("FP8 pays off for large, matmul-heavy models; compare its loss curve with "
                            "the BF16 baseline, and fall back to BF16 if it departs.")
             return PrecisionChoice("fp8", tuple(reasons), profile, tf32=True, fallback="bf16",

@@ -5,25 +5,20 @@ on the GPU; every other test is unchanged (tests marked "needs a CUDA GPU" run w
 sees one, whatever this says). Asking for CUDA on a machine without it stops the run at once,
 rather than skipping every GPU test and passing.
 
-The ``built_book`` fixture builds the whole book once per test session (warnings as errors) and
-shares the HTML among the book tests (tests/test_book.py, tests/test_browser.py), across the
-pytest-xdist workers too. It builds from the notebooks nbval has already executed in this session
-(tests/notebook_outputs.py), so each notebook runs once.
+The ``built_book`` fixture gives the whole book, built once per test session (warnings as errors)
+and shared among the book tests (tests/test_book.py, tests/test_browser.py), across the
+pytest-xdist workers too. It is built from the notebooks nbval has already executed in this
+session, in the background while the other tests run (tests/notebook_outputs.py), so each
+notebook runs once.
 """
-import fcntl
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
-
-from tests.notebook_outputs import executed_dir
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.notebook_outputs import built_book_html
+
 
 
 def _requested_device() -> torch.device:
@@ -44,23 +39,6 @@ def pytest_configure(config):
     _requested_device()  # fail fast on a bad setting
 
 
-def _stage_book(stage: Path) -> Path:
-    """A tree that is the repository, except that book notebooks nbval has executed come with
-    their outputs (symbolic links for everything else)."""
-    executed = executed_dir()
-    shutil.rmtree(stage, ignore_errors=True)
-    (stage / "book").mkdir(parents=True)
-    for entry in ROOT.iterdir():
-        if entry.name not in (".git", ".venv", ".venv-student", "_build", "book"):
-            (stage / entry.name).symlink_to(entry)
-    for entry in (ROOT / "book").iterdir():
-        if (executed / entry.name).is_file() and entry.suffix == ".ipynb":
-            shutil.copy(executed / entry.name, stage / "book" / entry.name)
-        else:
-            (stage / "book" / entry.name).symlink_to(entry)
-    return stage
-
-
 @pytest.fixture
 def device() -> torch.device:
     """The device that device-aware tests run on (``MPCOURSE_DEVICE``, default ``cpu``)."""
@@ -68,7 +46,7 @@ def device() -> torch.device:
 
 
 @pytest.fixture(scope="session")
-def built_book(tmp_path_factory) -> Path:
+def built_book() -> Path:
     """The book's HTML folder, built once per session exactly as ``make book`` builds it.
 
     ``MPCOURSE_BUILT_BOOK=<folder>`` reuses an earlier build instead (the ``_build/html`` folder of
@@ -80,21 +58,6 @@ def built_book(tmp_path_factory) -> Path:
         if not (html / "index.html").is_file():
             raise pytest.UsageError(f"MPCOURSE_BUILT_BOOK={reuse!r} holds no built book (no index.html)")
         return html
-    # Under pytest-xdist (`make test` runs two workers) the first worker to get here builds the
-    # book in the folder the workers share; the other waits on the lock and reads the result.
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent
-    out, log = shared / "book", shared / "book-build.log"
-    with open(shared / "book-build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not log.exists():
-            jupyter_book = Path(sys.executable).parent / "jupyter-book"
-            source = _stage_book(shared / "book-source")
-            result = subprocess.run(
-                [str(jupyter_book), "build", "-W", "-n", "--keep-going", "--path-output", str(out), str(source)],
-                capture_output=True, text=True, timeout=900)
-            log.write_text(f"{result.returncode}\n{result.stdout[-5000:]}{result.stderr[-5000:]}")
-    returncode, output = log.read_text().split("\n", 1)
-    assert returncode == "0", output
-    return out / "_build" / "html"
+    # The build started in the background when the last notebook was done (tests/notebook_outputs.py),
+    # or here, by the first worker to get here; every worker waits for it and reads the result.
+    return built_book_html()

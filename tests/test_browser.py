@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections import defaultdict
 from html.parser import HTMLParser
 from pathlib import Path
@@ -28,10 +27,8 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 
+from grader import fabricate  # the nbgrader sources' secret lines
 from tests import browser
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-import autograde  # noqa: E402  (the nbgrader sources' secret lines)
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
@@ -269,7 +266,7 @@ def secret_lines(solutions: Path, public: list[Path]) -> set[str]:
     """
     secret = {normalise(line) for notebook in sorted(solutions.glob("*/*.ipynb"))
               for cell in json.loads(notebook.read_text())["cells"]
-              for line in autograde.split_cell(cell)[1]}
+              for line in fabricate.split_cell(cell)[1]}
     known = set()
     for path in public:
         known |= notebook_lines(path) if path.suffix == ".ipynb" else {

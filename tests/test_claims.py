@@ -148,6 +148,21 @@ def test_paired_difference_is_the_paired_t_test_of_the_per_seed_differences():
     assert (result.t, result.p) == pytest.approx((reference.statistic, reference.pvalue))
 
 
+def test_the_paired_interval_is_students_and_excludes_zero_exactly_when_beyond_noise():
+    from scipy import stats
+    a, b = [0.52, 0.61, 0.40, 0.47, 0.55], [0.50, 0.57, 0.41, 0.42, 0.50]
+    result = paired_difference(a, b)
+    d = [x - y for x, y in zip(a, b)]
+    expected = stats.t.interval(0.9, len(d) - 1, loc=result.mean, scale=stats.sem(d))
+    assert result.interval(0.9) == pytest.approx(expected, rel=1e-12)
+    for level in (0.9, 0.95, 0.99):
+        low, high = result.interval(level)
+        assert (low > 0 or high < 0) == (result.p < 1 - level)
+    assert paired_difference([1.5, 2.5, 3.5], [1, 2, 3], seeds=(0, 1, 2)).interval() == (0.5, 0.5)
+    with pytest.raises(ValueError, match="level"):
+        result.interval(95)
+
+
 def test_paired_difference_takes_outcomes_already_measured_in_the_order_of_the_seeds():
     measured = paired_difference([1.0, 2.0, 3.5], [0.9, 1.8, 3.45], seeds=(7, 8, 9))
     called = paired_difference(lambda s: {7: 1.0, 8: 2.0, 9: 3.5}[s], lambda s: {7: 0.9, 8: 1.8, 9: 3.45}[s],

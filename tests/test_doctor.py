@@ -399,6 +399,32 @@ def test_scaler_call_order_mistakes_are_named_and_the_exception_propagates(mista
     assert torch.Tensor.backward is ORIGINALS["backward"]
 
 
+@pytest.mark.parametrize("scaler_kind", ["GradScaler", "DynamicLossScaler"])
+def test_step_and_update_skipped_on_an_overflow_step_is_not_called_a_double_unscale(scaler_kind,
+                                                                                    device):
+    """`if not overflow: scaler.step(optimizer); scaler.update()`: one unscale_() per iteration,
+    and the next iteration's unscale_() comes after a new scale(). The mistake is the skipped
+    update(), not a second unscale_() in one step."""
+    model, optimizer, scaler = small_sgd_run(scaler_kind, device)
+
+    def step(i):
+        x, y = batch(i, device)
+        optimizer.zero_grad()
+        with torch.autocast(device.type, dtype=torch.float16):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        # every step treated as an overflow: step() and update() skipped
+
+    with pytest.raises((RuntimeError, AssertionError)):  # GradScaler refuses the second unscale_
+        with doctor.watch(model, optimizer, scaler) as session:
+            for i in range(2):
+                step(i)
+    messages = misuse(session.report())
+    assert any("update() was skipped" in m for m in messages), messages
+    assert not any("called twice" in m for m in messages), messages
+
+
 def test_update_skipped_at_the_end_of_the_block_is_named(device):
     model = mlp(1, 8, device=device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -693,6 +719,18 @@ def test_a_scaler_subclass_is_followed_once_per_call(clip, device):
 
 
 # --- the report -----------------------------------------------------------------------------------
+
+def test_the_report_counts_the_steps_the_scaler_skipped_as_watched():
+    model = mlp(1, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**100)  # FP16 gradients overflow: every step skipped
+    report = watched(model, optimizer, scaler, amp_loop(model, optimizer, scaler, torch.device("cpu")),
+                     steps=2)
+    assert (report.steps, report.skipped) == (0, 2)
+    summary = str(report).splitlines()[0]
+    assert "2 watched steps (2 skipped by the scaler, 0 optimizer steps taken)" in summary, summary
+    assert summary == report._repr_markdown_().splitlines()[0].strip("*")
+
 
 def test_the_report_in_text_and_markdown():
     model = mlp(1, 8, dtype=torch.float16)

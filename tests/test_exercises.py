@@ -3,7 +3,7 @@ solutions and leaks nothing, and autograding gives the marks an instructor expec
 kind of submission, including hostile ones, without hanging.
 
 Grading runs once per session (the `graded` fixture): each assignment in its own scratch course,
-with fabricated submissions (tools/autograde.py says how they are made), by tools/grader.py: hidden
+with fabricated submissions (grader/fabricate.py says how they are made), by the grader package: hidden
 tests out of the student's process, one bubblewrap sandbox per student. The hostile corpus of
 issue 16 is graded in one run, with short timeouts, and only the submissions whose notebook run
 matters (feedback, output, kernel) are executed.
@@ -25,37 +25,37 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-import autograde  # noqa: E402
-import grader  # noqa: E402
-import schedule  # noqa: E402
 import sync_colab_cells  # noqa: E402
+from grader import (fabricate, feedback, gradebook, hostile_corpus, notebooks, rehearsal, review_flags,  # noqa: E402
+                    runs, schedule)
+from grader.course import assignments, make_course, nbgrader  # noqa: E402
 
 EXERCISES = ["ex1_precision_comparison", "ex2_loss_scaling", "ex3_dynamic_range",
              "ex4_softmax_stability", "ex5_mixed_precision_speedup", "ex6_fp8_quantization",
              "ex7_fp16_nan_hunt", "ex8_bitwise_resume"]
-ASSIGNMENTS = autograde.assignments()
+ASSIGNMENTS = assignments()
 HOSTILE_TARGET = "ex4_softmax_stability" if "ex4_softmax_stability" in ASSIGNMENTS else ASSIGNMENTS[0]
 STANDARD = ["full", "blank", "partial", "reference"]
-HOSTILE = [*autograde.HOSTILE, *autograde.EDITS]
-NO_SANDBOX = grader.sandbox_problem()
+HOSTILE = [*hostile_corpus.HOSTILE, *hostile_corpus.EDITS]
+NO_SANDBOX = runs.sandbox_problem()
 needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no sandbox here: {NO_SANDBOX}")
 
 
 @pytest.fixture(scope="session")
 def graded_with_reports(tmp_path_factory):
-    """(scratch folder, {course: scores}, {course: grader.Report}); feedback for the hostile course."""
+    """(scratch folder, {course: scores}, {course: schedule.Report}); feedback for the hostile course."""
     if NO_SANDBOX:
         pytest.skip(f"grading refuses to run without a sandbox: {NO_SANDBOX}")
     workdir = tmp_path_factory.mktemp("grading")
-    jobs = {name: (name, autograde.submissions(name), 30, {"full"}) for name in ASSIGNMENTS}
-    jobs["hostile"] = (HOSTILE_TARGET, {s: c for s, c in autograde.submissions(HOSTILE_TARGET, hostile=True).items()
-                                        if s not in ("full", "blank", "partial", "reference")}, 10, autograde.EXECUTED)
-    os.environ["MPCOURSE_INSTRUCTOR_TOKEN"] = autograde.INSTRUCTOR_TOKEN  # what a sandbox must not see
+    jobs = {name: (name, fabricate.submissions(name), 30, {"full"}) for name in ASSIGNMENTS}
+    jobs["hostile"] = (HOSTILE_TARGET, {s: c for s, c in fabricate.submissions(HOSTILE_TARGET, hostile=True).items()
+                                        if s not in ("full", "blank", "partial", "reference")}, 10, hostile_corpus.EXECUTED)
+    os.environ["MPCOURSE_INSTRUCTOR_TOKEN"] = hostile_corpus.INSTRUCTOR_TOKEN  # what a sandbox must not see
     try:
-        results = autograde.grade_many(workdir, jobs)
+        results = rehearsal.grade_many(workdir, jobs)
     finally:
         del os.environ["MPCOURSE_INSTRUCTOR_TOKEN"]
-    autograde.nbgrader(workdir / "hostile", "generate_feedback", HOSTILE_TARGET, "--force")
+    nbgrader(workdir / "hostile", "generate_feedback", HOSTILE_TARGET, "--force")
     return workdir, {k: v[0] for k, v in results.items()}, {k: v[1] for k, v in results.items()}
 
 
@@ -97,7 +97,7 @@ def active_html(html: str, mark: str) -> list:
 
 
 def test_the_feedback_check_sees_active_html_and_not_escaped_text():
-    mark = autograde.SCRIPT_MARK
+    mark = hostile_corpus.SCRIPT_MARK
     assert active_html(f"<p><script>alert('{mark}')</script></p>", mark)
     assert active_html('<img src=x onerror="alert(1)">', mark) and active_html("<iframe src=x></iframe>", mark)
     assert active_html('<a href="javascript:alert(1)">x</a>', mark)
@@ -105,20 +105,20 @@ def test_the_feedback_check_sees_active_html_and_not_escaped_text():
 
 
 def points(assignment):
-    return autograde.test_points(assignment)
+    return fabricate.test_points(assignment)
 
 
 def part_points(assignment, parts):
-    return sum(p for gid, p in points(assignment).items() if autograde.part_of(gid) in parts)
+    return sum(p for gid, p in points(assignment).items() if notebooks.part_of(gid) in parts)
 
 
 def source_cells(assignment):
-    return autograde.notebook(ROOT / "solutions", assignment).cells
+    return fabricate.notebook(ROOT / "solutions", assignment).cells
 
 
 def graded_outputs(workdir, course, student, assignment, test_cell):
-    nb = autograde.notebook(workdir / course / "autograded" / student, assignment)
-    cell = next(c for c in nb.cells if autograde.grade_id(c) == test_cell)
+    nb = fabricate.notebook(workdir / course / "autograded" / student, assignment)
+    cell = next(c for c in nb.cells if notebooks.grade_id(c) == test_cell)
     return json.dumps(cell.outputs)
 
 
@@ -131,15 +131,15 @@ def test_the_eight_exercises_are_there():
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_each_part_has_solution_cells_and_one_graded_test_cell(assignment):
     cells = source_cells(assignment)
-    solutions = {autograde.part_of(autograde.grade_id(c)) for c in cells
+    solutions = {notebooks.part_of(notebooks.grade_id(c)) for c in cells
                  if c.metadata.get("nbgrader", {}).get("solution")}
-    tests = [autograde.part_of(gid) for gid in points(assignment)]
+    tests = [notebooks.part_of(gid) for gid in points(assignment)]
     assert len(tests) == len(set(tests)) >= 3, "one graded test cell per part, at least three parts"
     assert solutions == set(tests), "every part needs solution cells and a graded test cell"
     for cell in cells:
-        if autograde.grade_id(cell) in points(assignment):
-            assert cell.metadata["nbgrader"]["locked"], f"{autograde.grade_id(cell)} must be read-only"
-            assert autograde.HIDDEN_MARKERS[0] in cell.source, f"{autograde.grade_id(cell)} has no hidden tests"
+        if notebooks.grade_id(cell) in points(assignment):
+            assert cell.metadata["nbgrader"]["locked"], f"{notebooks.grade_id(cell)} must be read-only"
+            assert fabricate.HIDDEN_MARKERS[0] in cell.source, f"{notebooks.grade_id(cell)} has no hidden tests"
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
@@ -162,13 +162,13 @@ def test_the_committed_release_is_what_nbgrader_generates(graded, assignment):
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_the_release_contains_no_solution_code_and_no_hidden_test(assignment):
     released = (ROOT / "exercises" / assignment / f"{assignment}.ipynb").read_text()
-    for marker in (*autograde.SOLUTION_MARKERS, *autograde.HIDDEN_MARKERS):
+    for marker in (*fabricate.SOLUTION_MARKERS, *fabricate.HIDDEN_MARKERS):
         assert marker not in released
-    released_lines = {line.strip() for c in autograde.notebook(ROOT / "exercises", assignment).cells
+    released_lines = {line.strip() for c in fabricate.notebook(ROOT / "exercises", assignment).cells
                       for line in c.source.split("\n")}
     secret, public = set(), set()
     for cell in source_cells(assignment):
-        shown, hidden = autograde.split_cell(cell)
+        shown, hidden = fabricate.split_cell(cell)
         secret |= {line.strip() for line in hidden if len(line.strip()) >= 12}
         public |= {line.strip() for line in shown}
     # A secret line may repeat a line students are shown anyway (a hint, a visible test).
@@ -180,7 +180,7 @@ def test_the_release_contains_no_solution_code_and_no_hidden_test(assignment):
 def test_released_notebooks_are_in_the_book_without_outputs(assignment):
     toc = (ROOT / "_toc.yml").read_text()
     assert f"exercises/{assignment}/{assignment}" in toc
-    for cell in autograde.notebook(ROOT / "exercises", assignment).cells:
+    for cell in fabricate.notebook(ROOT / "exercises", assignment).cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None
 
@@ -202,8 +202,8 @@ def test_the_untouched_release_gets_zero_on_every_part(graded, assignment):
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_a_partial_submission_gets_exactly_the_points_of_the_parts_it_solved(graded, assignment):
     _, scores = graded
-    solved = autograde.submission_data(assignment).PARTIAL_PARTS
-    expected = {gid: (p if autograde.part_of(gid) in solved else 0) for gid, p in points(assignment).items()}
+    solved = fabricate.submission_data(assignment).PARTIAL_PARTS
+    expected = {gid: (p if notebooks.part_of(gid) in solved else 0) for gid, p in points(assignment).items()}
     assert 0 < sum(expected.values()) < sum(points(assignment).values())
     assert scores[assignment]["partial"] == expected
 
@@ -211,9 +211,9 @@ def test_a_partial_submission_gets_exactly_the_points_of_the_parts_it_solved(gra
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_calling_the_library_instead_of_implementing_scores_nothing_for_that_part(graded, assignment):
     workdir, scores = graded
-    copied = {autograde.part_of(gid) for gid in autograde.submission_data(assignment).REFERENCE_CALLER}
+    copied = {notebooks.part_of(gid) for gid in fabricate.submission_data(assignment).REFERENCE_CALLER}
     for gid, p in points(assignment).items():
-        if autograde.part_of(gid) in copied:
+        if notebooks.part_of(gid) in copied:
             assert scores[assignment]["reference"][gid] == 0
             assert "calls the course library" in graded_outputs(workdir, assignment, "reference", assignment, gid)
         else:
@@ -236,7 +236,7 @@ def test_a_hostile_last_part_loses_that_part_only_and_the_grader_finishes(graded
 def test_every_student_is_graded_and_a_dead_kernel_is_named(graded_with_reports):
     _, _, reports = graded_with_reports
     for name, report in reports.items():
-        refused = autograde.REFUSED if name == "hostile" else {}
+        refused = hostile_corpus.REFUSED if name == "hostile" else {}
         assert set(report.not_graded) == set(refused)
         for student, why in refused.items():
             assert why in report.not_graded[student]
@@ -246,7 +246,7 @@ def test_every_student_is_graded_and_a_dead_kernel_is_named(graded_with_reports)
 # --- issue 16: the hostile corpus, graded in the one run above ---------------------------------
 
 @needs_sandbox
-@pytest.mark.parametrize("student", autograde.FOOLS)
+@pytest.mark.parametrize("student", hostile_corpus.FOOLS)
 def test_no_marks_without_working_code(graded_with_reports, student):
     _, scores, reports = graded_with_reports
     assert scores["hostile"][student] == {gid: 0 for gid in points(HOSTILE_TARGET)}
@@ -254,11 +254,11 @@ def test_no_marks_without_working_code(graded_with_reports, student):
 
 
 @needs_sandbox
-@pytest.mark.parametrize("student", autograde.TARGETED)
+@pytest.mark.parametrize("student", hostile_corpus.TARGETED)
 def test_a_targeted_attack_scores_nothing_on_the_parts_it_attacks(graded, student):
     _, scores = graded
-    attacked = {autograde.part_of(gid) for gid in autograde.TARGETED[student]}
-    assert scores["hostile"][student] == {gid: (0 if autograde.part_of(gid) in attacked else p)
+    attacked = {notebooks.part_of(gid) for gid in hostile_corpus.TARGETED[student]}
+    assert scores["hostile"][student] == {gid: (0 if notebooks.part_of(gid) in attacked else p)
                                           for gid, p in points(HOSTILE_TARGET).items()}
 
 
@@ -284,12 +284,12 @@ def test_what_the_grader_cannot_prove_gets_what_its_values_earn_and_is_flagged(g
 
 
 @needs_sandbox
-@pytest.mark.parametrize("student", autograde.ACCIDENTS)
+@pytest.mark.parametrize("student", hostile_corpus.ACCIDENTS)
 def test_an_honest_accident_costs_at_most_the_part_it_touches(graded, student):
     _, scores = graded
-    lost = autograde.ACCIDENT_COSTS.get(student)  # lost if it outlasts the timeout: a slow C call may not
+    lost = hostile_corpus.ACCIDENT_COSTS.get(student)  # lost if it outlasts the timeout: a slow C call may not
     for gid, p in points(HOSTILE_TARGET).items():
-        assert scores["hostile"][student][gid] in ((0, p) if autograde.part_of(gid) == lost else (p,)), gid
+        assert scores["hostile"][student][gid] in ((0, p) if notebooks.part_of(gid) == lost else (p,)), gid
     if student == "ignores_sigint":  # an endless loop always outlasts it
         assert scores["hostile"][student]["p1_tests"] == 0
 
@@ -304,7 +304,7 @@ def test_a_submission_cannot_touch_other_work_or_outlive_its_sandbox(graded):
     alive = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            alive += [cmdline] if autograde.VANDAL_MARK.encode() in cmdline.read_bytes() else []
+            alive += [cmdline] if hostile_corpus.VANDAL_MARK.encode() in cmdline.read_bytes() else []
         except OSError:
             pass
     assert not alive, "a process the submission started outlived its sandbox"
@@ -315,44 +315,44 @@ def test_the_feedback_runs_no_student_html_and_shows_no_hidden_test(graded):
     workdir, scores = graded
     secret, public = set(), set()
     for cell in source_cells(HOSTILE_TARGET):
-        shown, hidden = autograde.split_cell(cell)
+        shown, hidden = fabricate.split_cell(cell)
         if cell.metadata.get("nbgrader", {}).get("grade"):  # hidden tests (solutions: the students' own code)
             secret |= {line.strip() for line in hidden if len(line.strip()) >= 12}
         public |= {line.strip() for line in shown}
     secret -= public  # a hidden line may repeat one students are shown anyway
     assert len(secret) > 20
     pages = sorted((workdir / "hostile" / "feedback").glob(f"*/{HOSTILE_TARGET}/*.html"))
-    assert len(pages) == len(set(scores["hostile"]) - set(autograde.REFUSED))  # a refused submission gets none
+    assert len(pages) == len(set(scores["hostile"]) - set(hostile_corpus.REFUSED))  # a refused submission gets none
     for page in pages:
         html = page.read_text()
-        assert not active_html(html, autograde.SCRIPT_MARK), page
+        assert not active_html(html, hostile_corpus.SCRIPT_MARK), page
         leaked = [line for line in secret if line in html]
         assert not leaked, f"{page}: {leaked[:2]}"
     xss = (workdir / "hostile" / "feedback" / "xss_feedback" / HOSTILE_TARGET / f"{HOSTILE_TARGET}.html").read_text()
-    assert autograde.SCRIPT_MARK in xss  # shown as text, not run
+    assert hostile_corpus.SCRIPT_MARK in xss  # shown as text, not run
 
 
 def test_grading_refuses_without_a_sandbox_unless_told(monkeypatch, tmp_path):
     monkeypatch.setattr(schedule, "sandbox_problem", lambda: "no bubblewrap on this machine")
-    with pytest.raises(grader.NoSandbox, match="no bubblewrap.*--no-sandbox"):
-        grader.grade(tmp_path, HOSTILE_TARGET)
+    with pytest.raises(runs.NoSandbox, match="no bubblewrap.*--no-sandbox"):
+        schedule.grade(tmp_path, HOSTILE_TARGET)
 
 
 def test_hidden_tests_get_their_answer_cells_and_the_instructors_tests_only():
     source = json.loads((ROOT / "solutions" / HOSTILE_TARGET / f"{HOSTILE_TARGET}.ipynb").read_text())
     release = json.loads((ROOT / "exercises" / HOSTILE_TARGET / f"{HOSTILE_TARGET}.ipynb").read_text())
     for cell in release["cells"]:
-        if grader.grade_id(cell) in points(HOSTILE_TARGET):
+        if notebooks.grade_id(cell) in points(HOSTILE_TARGET):
             cell["source"] = "grading.passed('Part 1')"  # a student's own "test"
-    job = grader.hidden_test_job(source, release, "s3cret", 5)
+    job = runs.hidden_test_job(source, release, "s3cret", 5)
     tests = {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"]) for c in source["cells"]
              if c["metadata"].get("nbgrader", {}).get("grade_id") in points(HOSTILE_TARGET)}
     assert [part["test_id"] for part in job["parts"]] == list(points(HOSTILE_TARGET))
-    reference = grader.hidden_test_job(source, source, "s3cret", 5, reference=True)
+    reference = runs.hidden_test_job(source, source, "s3cret", 5, reference=True)
     for part, theirs in zip(job["parts"], reference["parts"]):
-        assert part["test"] == grader.without_expected(tests[part["test_id"]])  # the instructor's, less expected values
+        assert part["test"] == runs.without_expected(tests[part["test_id"]])  # the instructor's, less expected values
         assert theirs["test"] == tests[part["test_id"]]
-        assert all(autograde.part_of(cell) <= autograde.part_of(part["test_id"]) for cell, _ in part["cells"])
+        assert all(notebooks.part_of(cell) <= notebooks.part_of(part["test_id"]) for cell, _ in part["cells"])
     assert job["secret"] == "s3cret"
 
 
@@ -372,8 +372,8 @@ def test_tampering_is_named_in_the_feedback(graded):
 def test_an_edited_test_cell_is_restored_before_grading(graded):
     workdir, _ = graded
     last_test = list(points(HOSTILE_TARGET))[-1]
-    nb = autograde.notebook(workdir / "hostile" / "autograded" / "edited_test_cell", HOSTILE_TARGET)
-    restored = next(c for c in nb.cells if autograde.grade_id(c) == last_test)
+    nb = fabricate.notebook(workdir / "hostile" / "autograded" / "edited_test_cell", HOSTILE_TARGET)
+    restored = next(c for c in nb.cells if notebooks.grade_id(c) == last_test)
     assert "all tests pass!" not in restored.source and "grading.start" in restored.source
 
 
@@ -385,16 +385,16 @@ def test_the_course_config_sets_a_timeout_and_bounds_output():
 
 def test_malformed_submissions_are_refused_clearly_not_with_a_crash(tmp_path):
     # A grade_id that is not a string is no grade_id (it used to stop the whole class's grading).
-    assert grader.grade_id({"metadata": {"nbgrader": {"grade_id": ["p1_solution"]}}}) is None
-    assert grader.grade_id({"metadata": {"nbgrader": {"grade_id": "p1_solution"}}}) == "p1_solution"
+    assert notebooks.grade_id({"metadata": {"nbgrader": {"grade_id": ["p1_solution"]}}}) is None
+    assert notebooks.grade_id({"metadata": {"nbgrader": {"grade_id": "p1_solution"}}}) == "p1_solution"
     deep = tmp_path / "deep.ipynb"
     deep.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ValueError, match="nests too deeply"):
-        grader.read_notebook(deep)
+        notebooks.read_notebook(deep)
 
 
 def test_the_template_course_holds_no_secret(tmp_path):
-    template = grader.template_course(ROOT, ASSIGNMENTS[0], tmp_path)  # what each feedback sandbox gets
+    template = runs.template_course(ROOT, ASSIGNMENTS[0], tmp_path)  # what each feedback sandbox gets
     assert "HiddenTests" not in (template / "nbgrader_config.py").read_text()
     assert "HiddenTests" in (ROOT / "nbgrader_config.py").read_text()
 
@@ -431,8 +431,8 @@ def in_sandbox(tmp_path, script, *arguments, limits=None, sandbox=True):
     folder = tmp_path / "shown"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "script.py").write_text(script)
-    limits = limits or grader.sandboxing.Limits(seconds=60, cpu_seconds=60)
-    return grader.run_sandboxed(["/bin/sh", "-c", 'exec python "$GRADING/script.py" "$@"', "sh", *map(str, arguments)],
+    limits = limits or runs.sandboxing.Limits(seconds=60, cpu_seconds=60)
+    return runs.run_sandboxed(["/bin/sh", "-c", 'exec python "$GRADING/script.py" "$@"', "sh", *map(str, arguments)],
                                 folder=folder, limits=limits, sandbox=sandbox)
 
 
@@ -441,19 +441,19 @@ def test_a_sandbox_shows_only_what_grading_needs_as_an_unprivileged_user(tmp_pat
     course = tmp_path / "course"
     private = [course / "downloaded" / "classmate" / "ex.ipynb", course / "grades.csv", course / "gradebook.db",
                course / "_build" / "release-gradebook.db", course / "solutions" / "ex" / "ex.ipynb",
-               ROOT / ".git", ROOT / "solutions", ROOT / "tools" / "grader.py", ROOT / "nbgrader_config.py",
+               ROOT / ".git", ROOT / "solutions", ROOT / "grader" / "runs.py", ROOT / "nbgrader_config.py",
                Path("/etc/shadow")]
     for path in private[:5]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("private")
-    monkeypatch.setenv("MPCOURSE_INSTRUCTOR_TOKEN", autograde.INSTRUCTOR_TOKEN)
+    monkeypatch.setenv("MPCOURSE_INSTRUCTOR_TOKEN", hostile_corpus.INSTRUCTOR_TOKEN)
     run = in_sandbox(tmp_path, SEES, course, *private, ROOT / "mpcourse" / "grading.py")
     seen = json.loads(run.stdout.split("SEEN ", 1)[1])
-    assert seen["uid"] >= grader.sandboxing.UID_BASE
+    assert seen["uid"] >= runs.sandboxing.UID_BASE
     assert seen["readable"] == [str(ROOT / "mpcourse" / "grading.py")], "only the library, of all these"
     assert "MPCOURSE_INSTRUCTOR_TOKEN" not in seen["environ"] and len(seen["environ"]) < 15
     assert seen[str(course.parent)] is None and seen["/home"] is None
-    shown = grader.python_environment()  # the folders on the way to these are empty but for them
+    shown = runs.python_environment()  # the folders on the way to these are empty but for them
     assert set(seen["/root"] or []) <= {p.relative_to("/root").parts[0] for p in shown if p.is_relative_to("/root")}
     assert not seen["wrote next to the script"]
     assert Path("/etc/shadow").exists() and not (tmp_path / "shown" / "written").exists()
@@ -489,7 +489,7 @@ def test_busy_processes_in_new_sessions_do_not_starve_a_neighbour(tmp_path):
     """Two sandboxes side by side: one starts as many busy processes as it can, in new sessions;
     the other does a fixed amount of work. The busy one holds at most its CPU share (cgroup), the
     number of processes it may start is capped, and the neighbour's slowdown is measured."""
-    limits = grader.sandboxing.Limits(seconds=25, cpu_seconds=100, processes=64)
+    limits = runs.sandboxing.Limits(seconds=25, cpu_seconds=100, processes=64)
     alone = in_sandbox(tmp_path / "alone", NEIGHBOUR, limits=limits)
     attacker = {}
     thread = threading.Thread(target=lambda: attacker.update(run=in_sandbox(tmp_path / "attacker", FORKS, 400, limits=limits)))
@@ -522,7 +522,7 @@ print("WRITTEN", written, flush=True)
 
 @needs_sandbox
 def test_the_only_writable_place_is_small_and_in_ram(tmp_path):
-    limits = grader.sandboxing.Limits(seconds=60, cpu_seconds=60, tmpfs_bytes=64 * 2**20)
+    limits = runs.sandboxing.Limits(seconds=60, cpu_seconds=60, tmpfs_bytes=64 * 2**20)
     run = in_sandbox(tmp_path, FILLER, limits=limits)
     assert 0 < int(run.stdout.split("WRITTEN")[1]) <= 64
 
@@ -530,7 +530,7 @@ def test_the_only_writable_place_is_small_and_in_ram(tmp_path):
 @needs_sandbox
 def test_a_sandbox_ends_at_its_wall_clock_limit_with_everything_it_started(tmp_path):
     mark = f"mpcourse-sandbox-test-{os.getpid()}"
-    run = in_sandbox(tmp_path, FORKS, 3, mark, limits=grader.sandboxing.Limits(seconds=5, cpu_seconds=100))
+    run = in_sandbox(tmp_path, FORKS, 3, mark, limits=runs.sandboxing.Limits(seconds=5, cpu_seconds=100))
     assert run.killed == "time" and run.returncode is None and "STARTED 3" in run.stdout
     assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if mark.encode() in read_or_nothing(p)]
 
@@ -543,20 +543,20 @@ def read_or_nothing(path):
 
 
 def test_the_feedback_runs_time_limit_does_not_grow_with_the_number_of_cells():
-    assert grader.feedback_limits(10).seconds == grader.feedback_seconds(10) < 24 * 10
+    assert runs.feedback_limits(10).seconds == runs.feedback_seconds(10) < 24 * 10
 
 
 @needs_sandbox
-@pytest.mark.parametrize("student", autograde.ESCAPES)
+@pytest.mark.parametrize("student", hostile_corpus.ESCAPES)
 def test_an_escape_gets_what_an_honest_grader_gives(graded_with_reports, student):
     _, scores, reports = graded_with_reports
     full = points(HOSTILE_TARGET)
     if student == "reads_classmates":
         expected = {gid: 0 for gid in full}
-    elif student in autograde.REFUSED:
+    elif student in hostile_corpus.REFUSED:
         expected = {gid: 0 for gid in full}
-        assert autograde.REFUSED[student] in reports["hostile"].not_graded[student]
-    elif student in autograde.ESCAPE_COSTS:
+        assert hostile_corpus.REFUSED[student] in reports["hostile"].not_graded[student]
+    elif student in hostile_corpus.ESCAPE_COSTS:
         expected = last_part_lost(HOSTILE_TARGET)
     else:
         expected = full
@@ -570,15 +570,15 @@ def feedback_page(workdir, student):
 @needs_sandbox
 def test_no_feedback_page_holds_the_secret_a_seed_or_the_instructors_environment(graded):
     workdir, scores = graded
-    secret = grader.PLACEHOLDER_SECRET
+    secret = gradebook.PLACEHOLDER_SECRET
     for student in scores["hostile"]:
         page = (workdir / "hostile" / "feedback" / student / HOSTILE_TARGET / f"{HOSTILE_TARGET}.html")
         if not page.exists():
             continue
         text = page.read_text()
         mine = hashlib.sha256(f"{secret}:{HOSTILE_TARGET}:{student}".encode()).hexdigest()
-        assert mine not in text and mine[:16] not in text and autograde.INSTRUCTOR_TOKEN not in text, student
-        assert not [s for s in grader.seeds_of(mine, 10) if re.search(rf"\b{s}\b", text)], student
+        assert mine not in text and mine[:16] not in text and hostile_corpus.INSTRUCTOR_TOKEN not in text, student
+        assert not [s for s in feedback.seeds_of(mine, 10) if re.search(rf"\b{s}\b", text)], student
     assert "hidden tests failed" in feedback_page(workdir, "leaks_through_message")
 
 
@@ -593,7 +593,7 @@ def test_the_feedback_is_built_from_data_not_from_a_file_the_sandbox_could_swap(
 @needs_sandbox
 def test_output_across_cells_is_capped_in_the_feedback(graded):
     workdir, _ = graded
-    assert len(feedback_page(workdir, "huge_outputs")) < 4 * grader.OUTPUT_CHARS
+    assert len(feedback_page(workdir, "huge_outputs")) < 4 * feedback.OUTPUT_CHARS
     assert "holds at most" in feedback_page(workdir, "huge_outputs")
 
 
@@ -603,7 +603,7 @@ def test_many_looping_cells_stop_at_the_whole_runs_limit(graded_with_reports):
     report = reports["hostile"]
     assert "ran past" in report.notes["many_looping_cells"]
     # The whole run's limit, not 24 cells times the per-cell timeout (10 s here); the hidden tests after it.
-    assert report.seconds["many_looping_cells"] < grader.feedback_seconds(10) + grader.hidden_test_limits(4, 10).seconds
+    assert report.seconds["many_looping_cells"] < runs.feedback_seconds(10) + runs.hidden_test_limits(4, 10).seconds
 
 
 def dangerous_addresses(page: str) -> list[str]:
@@ -620,7 +620,7 @@ def test_entity_encoded_links_and_maths_links_are_made_inert(graded):
     workdir, _ = graded
     page = feedback_page(workdir, "entity_links")
     assert not dangerous_addresses(page) and "\\href{" not in page
-    assert autograde.SCRIPT_MARK in page  # shown as text
+    assert hostile_corpus.SCRIPT_MARK in page  # shown as text
 
 
 def test_the_link_check_sees_entity_encoded_javascript():
@@ -633,7 +633,7 @@ def test_markdown_is_made_inert_against_entities_and_maths_links():
     for text in ("[a](&#106;avascript:alert(1))", "[a](java\tscript:alert(1))", "[a](JaVaScRiPt:x)",
                  "[a](data:text/html,x)", "<a href='javascript:x'>", "$\\href{javascript:x}{y}$",
                  "[a][r]\n\n[r]: &#106;avascript:x", "![i](&#106;avascript:x)"):
-        inert = grader.inert_markdown(text)
+        inert = feedback.inert_markdown(text)
         assert "<a" not in inert and not re.search(r"(?i)j\s*a\s*v\s*a\s*s\s*c\s*r\s*i\s*p\s*t\s*:", inert), inert
         assert "&#106;" not in inert and "\\href" not in inert and "data:" not in inert
         assert "](" not in inert and "]:" not in inert and "][" not in inert  # no link syntax left
@@ -642,12 +642,12 @@ def test_markdown_is_made_inert_against_entities_and_maths_links():
 def test_a_failure_message_leaks_no_secret_seed_or_hidden_test():
     secret = "ab" * 32
     hidden = {"assert stable_softmax(secret_input).max() < 2"}
-    seeds = grader.seeds_of(secret, 5)
-    assert grader.safe_message(f"got {secret} and {seeds[3]}", secrets=[secret, *seeds], hidden_lines=hidden) == \
+    seeds = feedback.seeds_of(secret, 5)
+    assert feedback.safe_message(f"got {secret} and {seeds[3]}", secrets=[secret, *seeds], hidden_lines=hidden) == \
         "got (withheld) and (withheld)"
-    assert "withheld" in grader.safe_message("x = 1\nassert stable_softmax(secret_input).max() < 2", secrets=[],
+    assert "withheld" in feedback.safe_message("x = 1\nassert stable_softmax(secret_input).max() < 2", secrets=[],
                                              hidden_lines=hidden)
-    assert len(grader.safe_message("y" * 100_000, secrets=[], hidden_lines=set())) < 2 * grader.MESSAGE_CHARS
+    assert len(feedback.safe_message("y" * 100_000, secrets=[], hidden_lines=set())) < 2 * feedback.MESSAGE_CHARS
 
 
 def test_a_symbolic_link_in_a_submission_is_refused_with_the_reason(tmp_path):
@@ -656,13 +656,13 @@ def test_a_symbolic_link_in_a_submission_is_refused_with_the_reason(tmp_path):
     (tmp_path / "secret.ipynb").write_text(json.dumps({"cells": []}))
     (folder / "ex.ipynb").symlink_to(tmp_path / "secret.ipynb")
     with pytest.raises(ValueError, match="symbolic link"):
-        grader.read_submission(tmp_path, "s", "ex")
+        notebooks.read_submission(tmp_path, "s", "ex")
     (folder / "ex.ipynb").unlink()
     (folder / "ex.ipynb").write_text(json.dumps({"cells": []}))
-    assert grader.read_submission(tmp_path, "s", "ex") == {"cells": []}
+    assert notebooks.read_submission(tmp_path, "s", "ex") == {"cells": []}
     (folder / "data").symlink_to("/etc")
     with pytest.raises(ValueError, match="symbolic link"):
-        grader.read_submission(tmp_path, "s", "ex")
+        notebooks.read_submission(tmp_path, "s", "ex")
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
@@ -670,11 +670,11 @@ def test_honest_solutions_are_not_flagged_and_runner_tricks_are(assignment):
     def notebook_of(cells):
         return {"cells": [{"cell_type": "code", "source": src, "metadata": {"nbgrader": {"grade_id": gid}}}
                           for gid, src in cells.items()]}
-    assert grader.review_flags(notebook_of(autograde.solution_cells(assignment))) == {}
-    tricks = {"p1_solution": autograde.LEAK, "p2_solution": autograde.BUSY + autograde.SWAP,
+    assert review_flags.review_flags(notebook_of(fabricate.solution_cells(assignment))) == {}
+    tricks = {"p1_solution": hostile_corpus.LEAK, "p2_solution": hostile_corpus.BUSY + hostile_corpus.SWAP,
               "p3_solution": "import torch\ntorch.Tensor.__eq__ = lambda a, b: True\n",
               "p4_solution": "import sqlite3, os\nos.symlink('/proc/1/fd/1', 'x')\nf = lambda: 0\nf.__code__ = f.__code__.replace()\n"}
-    flags = grader.review_flags(notebook_of(tricks))
+    flags = review_flags.review_flags(notebook_of(tricks))
     assert "reads the call stack" in flags["p1"] and "starts processes" in flags["p2"]
     assert "assigns to an attribute of torch" in flags["p3"]
     assert {"opens databases", "makes symbolic links", "reads /proc", "rewrites code objects"} <= set(flags["p4"])
@@ -692,9 +692,9 @@ def test_without_cgroups_students_are_graded_one_at_a_time(monkeypatch, tmp_path
 
     monkeypatch.setattr(schedule, "ThreadPoolExecutor", Pool)
     monkeypatch.setattr(schedule, "sandbox_problem", lambda: None)
-    autograde.make_course(tmp_path, [HOSTILE_TARGET])
+    make_course(tmp_path, [HOSTILE_TARGET])
     for available, expected in ((True, 2), (False, 1)):
         monkeypatch.setattr(schedule.sandboxing, "cgroups_available", lambda: available)
         with pytest.warns(UserWarning, match="placeholder"):
-            grader.grade(tmp_path, HOSTILE_TARGET, workers=2)
+            schedule.grade(tmp_path, HOSTILE_TARGET, workers=2)
         assert pools[-1] == expected

@@ -2,18 +2,17 @@
 copy" gives `Copy of <assignment>.ipynb`), and the report says which file it took; a notebook whose
 cells lost their nbgrader metadata is recovered from the cells' ids, or named in the report."""
 import json
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import autograde  # noqa: E402
-import grader  # noqa: E402
+from grader import fabricate, notebooks, runs, schedule
+from grader.course import make_course
 
-NO_SANDBOX = grader.sandbox_problem()
+ROOT = Path(__file__).resolve().parent.parent
+
+NO_SANDBOX = runs.sandbox_problem()
 ASSIGNMENT = "ex1_precision_comparison"
 
 
@@ -27,27 +26,27 @@ def folder_with(tmp_path, *names):
 
 def test_the_assignments_own_name_wins_then_a_single_notebook_whatever_its_name(tmp_path):
     folder_with(tmp_path, "Copy of ex.ipynb", "ex.ipynb", "notes.txt")
-    assert grader.submitted_name(tmp_path, "s", "ex") == "ex.ipynb"
-    assert grader.read_submission(tmp_path, "s", "ex")["name"] == "ex.ipynb"
-    assert grader.renamed_note("ex.ipynb", "ex") is None
+    assert notebooks.submitted_name(tmp_path, "s", "ex") == "ex.ipynb"
+    assert notebooks.read_submission(tmp_path, "s", "ex")["name"] == "ex.ipynb"
+    assert notebooks.renamed_note("ex.ipynb", "ex") is None
 
 
 @pytest.mark.parametrize("name", ["Copy of ex.ipynb", "ex (1).ipynb", "my work.ipynb"])
 def test_a_single_notebook_under_another_name_is_read_and_named(tmp_path, name):
     folder_with(tmp_path, name, "notes.txt", ".hidden.ipynb")
-    assert grader.submitted_name(tmp_path, "s", "ex") == name
-    assert grader.read_submission(tmp_path, "s", "ex")["name"] == name
-    assert name in grader.renamed_note(name, "ex") and "ex.ipynb" in grader.renamed_note(name, "ex")
+    assert notebooks.submitted_name(tmp_path, "s", "ex") == name
+    assert notebooks.read_submission(tmp_path, "s", "ex")["name"] == name
+    assert name in notebooks.renamed_note(name, "ex") and "ex.ipynb" in notebooks.renamed_note(name, "ex")
 
 
 def test_no_notebook_or_several_without_the_assignments_name_are_refused_with_the_reason(tmp_path):
     folder_with(tmp_path, "notes.txt")
     with pytest.raises(ValueError, match="no notebook"):
-        grader.read_submission(tmp_path, "s", "ex")
+        notebooks.read_submission(tmp_path, "s", "ex")
     (tmp_path / "submitted" / "s" / "ex" / "a.ipynb").write_text("{}")
     (tmp_path / "submitted" / "s" / "ex" / "Copy of ex.ipynb").write_text("{}")
     with pytest.raises(ValueError, match="2 notebooks .*Copy of ex.ipynb.*hand in one"):
-        grader.read_submission(tmp_path, "s", "ex")
+        notebooks.read_submission(tmp_path, "s", "ex")
 
 
 def test_a_renamed_link_is_refused_like_any_link(tmp_path):
@@ -55,23 +54,23 @@ def test_a_renamed_link_is_refused_like_any_link(tmp_path):
     (tmp_path / "secret.ipynb").write_text(json.dumps({"cells": []}))
     (folder / "Copy of ex.ipynb").symlink_to(tmp_path / "secret.ipynb")
     with pytest.raises(ValueError, match="symbolic link"):
-        grader.read_submission(tmp_path, "s", "ex")
+        notebooks.read_submission(tmp_path, "s", "ex")
 
 
 @pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no sandbox here: {NO_SANDBOX}")
 def test_colabs_copy_of_a_notebook_is_graded_and_the_report_says_so(tmp_path):
     course = tmp_path / "course"
-    autograde.make_course(course, [ASSIGNMENT])
-    full = autograde.solution_cells(ASSIGNMENT)
+    make_course(course, [ASSIGNMENT])
+    full = fabricate.solution_cells(ASSIGNMENT)
     for student in ("colab", "two_copies"):
-        autograde.write_submission(course, ASSIGNMENT, student, full)
+        fabricate.write_submission(course, ASSIGNMENT, student, full)
     folder = course / "submitted" / "colab" / ASSIGNMENT
     (folder / f"{ASSIGNMENT}.ipynb").rename(folder / f"Copy of {ASSIGNMENT}.ipynb")
     folder = course / "submitted" / "two_copies" / ASSIGNMENT
     (folder / f"{ASSIGNMENT}.ipynb").rename(folder / f"Copy of {ASSIGNMENT}.ipynb")
     (folder / "draft.ipynb").write_text((folder / f"Copy of {ASSIGNMENT}.ipynb").read_text())
     for student, keep_ids in (("stripped", True), ("stripped_and_renumbered", False)):
-        autograde.write_submission(course, ASSIGNMENT, student, full)
+        fabricate.write_submission(course, ASSIGNMENT, student, full)
         path = course / "submitted" / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
         nb = json.loads(path.read_text())
         for i, cell in enumerate(nb["cells"]):  # what an editor that drops unknown metadata leaves
@@ -80,12 +79,12 @@ def test_colabs_copy_of_a_notebook_is_graded_and_the_report_says_so(tmp_path):
         path.write_text(json.dumps(nb))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        report = grader.grade(course, ASSIGNMENT, execute=False, timeout=60, workers=1)
+        report = schedule.grade(course, ASSIGNMENT, execute=False, timeout=60, workers=1)
     # Cells that lost their nbgrader metadata: recovered from their ids, or named, never a silent 0
-    assert report.scores["stripped"] == autograde.test_points(ASSIGNMENT)
+    assert report.scores["stripped"] == fabricate.test_points(ASSIGNMENT)
     assert "recovered from the cells' ids" in report.notes["stripped"]
     assert "nbgrader metadata" in report.not_graded["stripped_and_renumbered"]
-    points = autograde.test_points(ASSIGNMENT)
+    points = fabricate.test_points(ASSIGNMENT)
     assert report.scores["colab"] == points
     assert f"Copy of {ASSIGNMENT}.ipynb" in report.notes["colab"]
     assert "colab" not in report.not_graded
@@ -94,12 +93,12 @@ def test_colabs_copy_of_a_notebook_is_graded_and_the_report_says_so(tmp_path):
 
 
 def test_metadata_is_recovered_from_cell_ids_only_where_it_was_lost():
-    release = grader.read_notebook(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    release = notebooks.read_notebook(ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
     stripped = json.loads(json.dumps(release))
     for cell in stripped["cells"][:len(stripped["cells"]) // 2]:
         cell["metadata"].pop("nbgrader", None)
-    nb, count = grader.recovered(stripped, release)
-    lost = sum(1 for c in release["cells"][:len(release["cells"]) // 2] if grader.grade_id(c))
+    nb, count = notebooks.recovered(stripped, release)
+    lost = sum(1 for c in release["cells"][:len(release["cells"]) // 2] if notebooks.grade_id(c))
     assert count == lost > 0
-    assert [grader.grade_id(c) for c in nb["cells"]] == [grader.grade_id(c) for c in release["cells"]]
-    assert grader.recovered(release, release)[1] == 0
+    assert [notebooks.grade_id(c) for c in nb["cells"]] == [notebooks.grade_id(c) for c in release["cells"]]
+    assert notebooks.recovered(release, release)[1] == 0

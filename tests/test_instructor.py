@@ -10,15 +10,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import autograde  # noqa: E402
-import grader  # noqa: E402
+from grader import fabricate, feedback, gradebook, runs, schedule  # noqa: E402
 from tests import browser  # noqa: E402
 
 CHROMIUM = browser.find_chromium()
 
 ASSIGNMENT = "ex2_loss_scaling"
-NO_SANDBOX = grader.sandbox_problem()
+NO_SANDBOX = runs.sandbox_problem()
 needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no sandbox here: {NO_SANDBOX}")
 
 
@@ -57,47 +55,47 @@ def test_student_data_and_the_secret_are_ignored_by_git(path):
 
 def test_the_secret_comes_from_the_variable_then_the_untracked_file(tmp_path, monkeypatch):
     course = fresh_course(tmp_path / "course")
-    monkeypatch.delenv(grader.SECRET_VARIABLE, raising=False)
+    monkeypatch.delenv(gradebook.SECRET_VARIABLE, raising=False)
     with pytest.warns(UserWarning, match="placeholder"):
-        assert grader.instructor_secret(course) == grader.PLACEHOLDER_SECRET
+        assert gradebook.instructor_secret(course) == gradebook.PLACEHOLDER_SECRET
     (course / ".grading-secret").write_text("from-the-file\n")
-    assert grader.instructor_secret(course) == "from-the-file"
-    monkeypatch.setenv(grader.SECRET_VARIABLE, "from-the-variable")
-    assert grader.instructor_secret(course) == "from-the-variable"
+    assert gradebook.instructor_secret(course) == "from-the-file"
+    monkeypatch.setenv(gradebook.SECRET_VARIABLE, "from-the-variable")
+    assert gradebook.instructor_secret(course) == "from-the-variable"
 
 
 def test_a_secret_in_a_tracked_file_is_refused(tmp_path, monkeypatch):
-    monkeypatch.delenv(grader.SECRET_VARIABLE, raising=False)
+    monkeypatch.delenv(gradebook.SECRET_VARIABLE, raising=False)
     course = fresh_course(tmp_path / "course")
     (course / ".grading-secret").write_text("pushed-one-day")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], cwd=course, check=True)
     subprocess.run([*git, "add", "-f", ".grading-secret"], cwd=course, check=True)
-    with pytest.raises(grader.SecretError, match="tracked by git"):
-        grader.instructor_secret(course)
+    with pytest.raises(gradebook.SecretError, match="tracked by git"):
+        gradebook.instructor_secret(course)
     (course / ".grading-secret").unlink()
     config = course / "nbgrader_config.py"
     config.write_text(config.read_text().replace('secret = "public-placeholder"', 'secret = "mine"'))
-    with pytest.raises(grader.SecretError, match="nbgrader_config.py"):
-        grader.instructor_secret(course)
+    with pytest.raises(gradebook.SecretError, match="nbgrader_config.py"):
+        gradebook.instructor_secret(course)
 
 
 @needs_sandbox
 def test_a_python_that_cannot_import_the_course_inside_the_sandbox_is_refused_before_grading(tmp_path, monkeypatch):
-    assert grader.environment_problem(sandbox=True) is None
-    monkeypatch.setattr(grader, "ROOT", tmp_path)  # a repository without mpcourse/: the library is not shown
-    problem = grader.environment_problem(sandbox=True)
+    assert runs.environment_problem(sandbox=True) is None
+    monkeypatch.setattr(runs, "ROOT", tmp_path)  # a repository without mpcourse/: the library is not shown
+    problem = runs.environment_problem(sandbox=True)
     if problem is None:
         pytest.skip("mpcourse is installed inside the environment itself here")
     assert "No module named 'mpcourse'" in problem and sys.executable in problem
-    with pytest.raises(grader.BrokenEnvironment, match="refusing to grade.*mpcourse"):
-        grader.grade(tmp_path, ASSIGNMENT, timeout=20)
+    with pytest.raises(runs.BrokenEnvironment, match="refusing to grade.*mpcourse"):
+        schedule.grade(tmp_path, ASSIGNMENT, timeout=20)
 
 
 def test_a_machine_without_bubblewrap_is_refused_in_one_sentence(tmp_path):
     course = fresh_course(tmp_path / "course")
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), "grade", ASSIGNMENT, "--course", str(course)],
-                            env={**os.environ, "PATH": str(tmp_path)}, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "grader", "grade", ASSIGNMENT, "--course", str(course)],
+                            cwd=ROOT, env={**os.environ, "PATH": str(tmp_path)}, capture_output=True, text=True)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "bubblewrap" in result.stderr and "--no-sandbox" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -110,9 +108,9 @@ def test_pack_feedback_names_each_students_page_for_upload(tmp_path):
         page = course / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html"
         page.parent.mkdir(parents=True)
         page.write_text(f"<html>feedback for {student}</html>")
-    autograde.write_submission(course, ASSIGNMENT, "late_lee", {})  # handed in, not graded yet
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), "pack-feedback", ASSIGNMENT,
-                             "--course", str(course), "--out", str(tmp_path / "upload")], capture_output=True, text=True)
+    fabricate.write_submission(course, ASSIGNMENT, "late_lee", {})  # handed in, not graded yet
+    result = subprocess.run([sys.executable, "-m", "grader", "pack-feedback", ASSIGNMENT,
+                             "--course", str(course), "--out", str(tmp_path / "upload")], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     pages = tmp_path / "upload" / ASSIGNMENT
     assert sorted(p.name for p in pages.iterdir()) == [f"jane_{ASSIGNMENT}.html", f"omar_{ASSIGNMENT}.html"]
@@ -126,14 +124,14 @@ def test_feedback_markdown_shows_inline_code_as_written_and_maths_as_text():
     from nbconvert.filters.markdown_mistune import markdown2html_mistune
     text = ("Pick `0 < backoff_factor < 1` and `a && b`; values below $2^{-25}$ round to zero, "
             "$2^{-25} \\approx 2.98 \\times 10^{-8}$. <script>alert(1)</script> &#106;")
-    page = markdown2html_mistune(grader.inert_markdown(text))
+    page = markdown2html_mistune(feedback.inert_markdown(text))
     assert "<code>0 &lt; backoff_factor &lt; 1</code>" in page and "<code>a &amp;&amp; b</code>" in page
     assert "&amp;lt;" not in page and "&amp;amp;" not in page  # escaped once, not twice
     assert "2⁻²⁵ ≈ 2.98 × 10⁻⁸" in page and "$" not in page
     assert "<script" not in page and "&amp;#106;" in page  # still no HTML, no entity decoded
     tricks = ("`<script>x</script>` $\\text{<img src=x onerror=alert(1)>}$ $\\text{](javascript:alert(1))}$ "
               "<b>`x`</b> &#60;script&#62; \\<script>alert(1)</script> <!-- x --> </p>")
-    page = markdown2html_mistune(grader.inert_markdown(tricks))
+    page = markdown2html_mistune(feedback.inert_markdown(tricks))
     assert not any(tag in page for tag in ("<script", "<img", "<b>", "<!--", "href")) and page.count("</p>") == 1
 
 
@@ -144,7 +142,7 @@ def test_the_verdict_says_plainly_which_tests_passed_and_is_not_one_long_line():
     ran = {"cells": [{**release["cells"][0], "outputs": [
         {"output_type": "stream", "name": "stdout", "text": "\N{CHECK MARK} Part 1: all tests in this cell pass.\n"}]}]}
     message = "min_loss_scale of values spanning 40 binades should raise a ValueError; it returned 2.0 " * 2
-    nb = grader.feedback_notebook(ran, release, {"p1_tests": 2.0}, {"p1_tests": {"passed": False, "message": message}})
+    nb = feedback.feedback_notebook(ran, release, {"p1_tests": 2.0}, {"p1_tests": {"passed": False, "message": message}})
     note = nb["cells"][0]["outputs"][-1]["text"]
     assert "visible tests above passed, but the hidden tests failed (the same checks on other inputs, and on bad inputs)" \
         in " ".join(note.split()) and "Graded: 0 / 2" in note
@@ -183,8 +181,8 @@ def collected(course: Path) -> dict[str, str]:
 def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, names, expected):
     course = fresh_course(tmp_path / "course")
     download = lms_zip(tmp_path / f"{lms}-download.zip", names)
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), "collect", ASSIGNMENT, "--lms", lms,
-                             "--zip", str(download), "--course", str(course)], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "grader", "collect", ASSIGNMENT, "--lms", lms,
+                             "--zip", str(download), "--course", str(course)], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert collected(course) == expected
     assert all(p.name == f"{ASSIGNMENT}.ipynb" for p in (course / "submitted").glob("*/*/*"))
@@ -200,25 +198,25 @@ def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
     course = fresh_course(tmp_path / "course")
     release = (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text()
     scratch = fresh_course(tmp_path / "scratch")
-    autograde.write_submission(scratch, ASSIGNMENT, "full", autograde.solution_cells(ASSIGNMENT))
-    autograde.write_submission(scratch, ASSIGNMENT, "blank", {})
+    fabricate.write_submission(scratch, ASSIGNMENT, "full", fabricate.solution_cells(ASSIGNMENT))
+    fabricate.write_submission(scratch, ASSIGNMENT, "blank", {})
     with zipfile.ZipFile(tmp_path / "submissions.zip", "w") as archive:
         for login, kind in (("doejane_late_123456_7890123", "full"), ("smithomar_223344_7890456", "blank")):
             archive.write(scratch / "submitted" / kind / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", f"{login}_{ASSIGNMENT}.ipynb")
-    env = {**os.environ, grader.SECRET_VARIABLE: "a-test-secret"}
+    env = {**os.environ, gradebook.SECRET_VARIABLE: "a-test-secret", "PYTHONPATH": str(ROOT)}  # `python -m grader` from the course
 
     def step(*args):
-        result = subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), *args], cwd=course, env=env,
+        result = subprocess.run([sys.executable, "-m", "grader", *args], cwd=course, env=env,
                                 capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "Traceback" not in result.stderr and "SAWarning" not in result.stderr, result.stderr
         return result.stdout
 
     step("collect", ASSIGNMENT, "--lms", "canvas", "--zip", str(tmp_path / "submissions.zip"), "--course", ".")
-    assert not grader.registered(course, ASSIGNMENT)
+    assert not gradebook.registered(course, ASSIGNMENT)
     step("grade", ASSIGNMENT, "--course", ".", "--timeout", "20")
-    points = autograde.test_points(ASSIGNMENT)
-    assert autograde.scores(course, ASSIGNMENT) == {"doejane": points, "smithomar": {t: 0.0 for t in points}}
+    points = fabricate.test_points(ASSIGNMENT)
+    assert gradebook.scores(course, ASSIGNMENT) == {"doejane": points, "smithomar": {t: 0.0 for t in points}}
     assert (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text() == release
     step("pack-feedback", ASSIGNMENT, "--course", ".", "--out", "feedback-upload")
     page = (course / "feedback-upload" / ASSIGNMENT / f"smithomar_{ASSIGNMENT}.html").read_text()
@@ -228,6 +226,6 @@ def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
         seen = in_the_browser(course / "feedback-upload" / ASSIGNMENT / f"smithomar_{ASSIGNMENT}.html")
         assert seen["verdicts"] and not any(seen["verdicts"]), "a verdict scrolls sideways"
         assert "0 < backoff_factor < 1" in seen["text"] and "2⁻²⁵" in seen["text"] and "&lt;" not in seen["text"]
-    autograde.nbgrader(course, "export", "--to", "grades.csv")
+    step("export", "--course", ".", "--to", "grades.csv")
     rows = (course / "grades.csv").read_text().splitlines()
     assert len(rows) == 3 and any(row.startswith(f"{ASSIGNMENT},") and "doejane" in row for row in rows)

@@ -1,5 +1,5 @@
 """Observations, not verdicts (issue 32): the student's process records what its answers did, the
-reference solution's process records the same tests' expected values, and tools/judge.py decides
+reference solution's process records the same tests' expected values, and grader/judge.py decides
 from the two records without running student code. The attacks on the sandboxed grader are in the
 hostile corpus (tests/test_exercises.py); here: the judge on forged and damaged records, the
 student's copy of the tests without expected values, and the attack that copy defeats."""
@@ -7,20 +7,18 @@ import ast
 import base64
 import copy
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from grader import fabricate, hostile_corpus, judge, notebooks, runs
+from grader.course import assignments
+from mpcourse import grading
+from tests import test_student_answers
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tests"))
-import autograde  # noqa: E402
-import grader  # noqa: E402
-import judge  # noqa: E402
-from mpcourse import grading  # noqa: E402
 
 
 def observed(test: str, **names) -> dict:
@@ -50,7 +48,7 @@ X = torch.linspace(-3, 3, 7)
 
 def verdict(student_function, test=REFERENCE_TEST, reference_function=exp_checked) -> dict:
     reference = observed(test, f=reference_function, x=X)
-    student = observed(grader.without_expected(test), f=student_function, x=X)
+    student = observed(runs.without_expected(test), f=student_function, x=X)
     return judge.judge({"p1_tests": reference}, {"p1_tests": student})["p1_tests"]
 
 
@@ -63,7 +61,7 @@ def test_right_answers_pass_and_each_kind_of_wrong_answer_fails_with_its_reason(
 
 
 def test_the_students_copy_of_a_test_holds_no_expected_value():
-    student = observed(grader.without_expected(REFERENCE_TEST), f=exp_checked, x=X)["observations"]
+    student = observed(runs.without_expected(REFERENCE_TEST), f=exp_checked, x=X)["observations"]
     assert [o.get("expected") for o in student if o["check"] in ("close", "equal")] == [None, None]
     reference = observed(REFERENCE_TEST, f=exp_checked, x=X)["observations"]
     assert all(o.get("expected") is not None for o in reference if o["check"] in ("close", "equal"))
@@ -71,7 +69,7 @@ def test_the_students_copy_of_a_test_holds_no_expected_value():
 
 def test_what_a_forged_record_says_besides_its_values_is_ignored():
     reference = observed(REFERENCE_TEST, f=exp_checked, x=X)
-    wrong = observed(grader.without_expected(REFERENCE_TEST), f=lambda x: exp_checked(x) + 1, x=X)
+    wrong = observed(runs.without_expected(REFERENCE_TEST), f=lambda x: exp_checked(x) + 1, x=X)
     forged = copy.deepcopy(wrong)
     for observation in forged["observations"]:  # its own tolerances, expected values and labels
         observation.update(rtol=1e300, atol=1e300, expected=observation.get("actual"), what="anything")
@@ -85,7 +83,7 @@ def test_what_a_forged_record_says_besides_its_values_is_ignored():
 
 def test_a_damaged_or_oversized_value_fails_the_part_and_the_judge_does_not_crash():
     reference = observed(REFERENCE_TEST, f=exp_checked, x=X)
-    right = observed(grader.without_expected(REFERENCE_TEST), f=exp_checked, x=X)
+    right = observed(runs.without_expected(REFERENCE_TEST), f=exp_checked, x=X)
     assert judge.judge({"p": reference}, {"p": right})["p"]["passed"]
     damages = [lambda a: a.update(f8="not base64!"), lambda a: a.update(shape=[10**9]),
                lambda a: a.update(f8=base64.b64encode(b"\0" * 12).decode()), lambda a: a.update(shape="x"),
@@ -122,20 +120,20 @@ def test_without_expected_refuses_tests_it_cannot_strip():
     for test in ("check = grading.assert_close\ncheck(a, b)", "grading.assert_close(*pair)",
                  "from mpcourse.grading import assert_equal as same", "grading.assert_equal(a, b, 'what')"):
         with pytest.raises(ValueError):
-            grader.without_expected(test)
+            runs.without_expected(test)
 
 
-@pytest.mark.parametrize("assignment", autograde.assignments())
+@pytest.mark.parametrize("assignment", assignments())
 def test_every_exercise_test_cell_can_be_stripped_and_every_part_records_a_value(assignment):
-    source = grader.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
     for cell in source["cells"]:
         nbgrader = cell.get("metadata", {}).get("nbgrader", {})
         if not (nbgrader.get("grade") and cell["cell_type"] == "code"):
             continue
-        text = grader.source_text(cell)
-        tree = ast.parse(grader.without_expected(text))
+        text = notebooks.source_text(cell)
+        tree = ast.parse(runs.without_expected(text))
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in grader.CHECKS_WITH_EXPECTED:
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in runs.CHECKS_WITH_EXPECTED:
                 expected = node.args[1] if len(node.args) > 1 else next(k.value for k in node.keywords if k.arg == "expected")
                 assert isinstance(expected, ast.Constant) and expected.value is None
         # A value check in the hidden tests, or a call of a function of the cell that makes one
@@ -157,10 +155,9 @@ def test_the_attack_that_records_the_expected_value_scores_only_where_the_tests_
     """Ablation: the checker patched to record each check's expected value as the answer, around a
     wrong answer of the right shape and dtype; it passes ex4 Part 3 if the student's copy of the tests
     keeps its expected values, and fails as it runs (without them)."""
-    import test_student_answers
-    cells = {**autograde.solution_cells("ex4_softmax_stability"), **autograde.TARGETED["steals_expected"]}
+    cells = {**fabricate.solution_cells("ex4_softmax_stability"), **hostile_corpus.TARGETED["steals_expected"]}
     verdicts, _ = test_student_answers.run("ex4_softmax_stability", cells, only="p3")
     assert not verdicts["p3_tests"]["passed"]
-    monkeypatch.setattr(grader, "without_expected", lambda test: test)
+    monkeypatch.setattr(runs, "without_expected", lambda test: test)
     verdicts, _ = test_student_answers.run("ex4_softmax_stability", cells, only="p3")
     assert verdicts["p3_tests"]["passed"]

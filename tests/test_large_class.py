@@ -20,28 +20,25 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import autograde  # noqa: E402
-import gradebook  # noqa: E402
-import grader  # noqa: E402
-import schedule  # noqa: E402
+from grader import fabricate, feedback, gradebook, notebooks, rehearsal, runs, schedule  # noqa: E402
+from grader.course import make_course  # noqa: E402
 from tests import postgres  # noqa: E402
 
 ASSIGNMENT = "ex4_softmax_stability"  # among the quickest to grade (about 2.5 s a student without feedback)
 KINDS = ["full", "blank", "partial", "reference"]
 SHARDS = 2  # machines grading at once (here: processes sharing the course folder and the cores)
-NO_SANDBOX = grader.sandbox_problem()
+NO_SANDBOX = runs.sandbox_problem()
 needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no sandbox here: {NO_SANDBOX}")
 NO_POSTGRES = postgres.problem()
-ENV = {**os.environ, grader.SECRET_VARIABLE: "a-test-secret"}
+ENV = {**os.environ, gradebook.SECRET_VARIABLE: "a-test-secret"}
 
 
 def points() -> dict:
-    return autograde.test_points(ASSIGNMENT)
+    return fabricate.test_points(ASSIGNMENT)
 
 
 def cli(*args, check=True) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), *args], env=ENV,
+    result = subprocess.run([sys.executable, "-m", "grader", *args], cwd=ROOT, env=ENV,
                             capture_output=True, text=True)
     if check:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -49,9 +46,9 @@ def cli(*args, check=True) -> subprocess.CompletedProcess:
 
 
 def course_of(folder: Path, students: dict) -> Path:
-    autograde.make_course(folder, [ASSIGNMENT])
+    make_course(folder, [ASSIGNMENT])
     for student, cells in students.items():
-        autograde.write_submission(folder, ASSIGNMENT, student, cells)
+        fabricate.write_submission(folder, ASSIGNMENT, student, cells)
     return folder
 
 
@@ -83,14 +80,14 @@ def test_default_jobs_is_one_per_core_as_many_as_memory_holds(monkeypatch):
 
 
 def test_each_sandbox_gets_as_many_maths_threads_as_cpus(tmp_path):
-    import sandbox
-    assert grader.threads(sandbox.Limits(10, 10)) == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+    from grader import sandbox
+    assert runs.threads(sandbox.Limits(10, 10)) == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                                                       "OPENBLAS_NUM_THREADS": "1"}
-    assert grader.threads(sandbox.Limits(10, 10, cpus=2.0))["OMP_NUM_THREADS"] == "2"
+    assert runs.threads(sandbox.Limits(10, 10, cpus=2.0))["OMP_NUM_THREADS"] == "2"
     if NO_SANDBOX:
         pytest.skip(f"no sandbox here: {NO_SANDBOX}")
     (tmp_path / "work").mkdir()
-    run = grader.run_sandboxed(["python", "-c", "import torch; print(torch.get_num_threads())"], folder=tmp_path,
+    run = runs.run_sandboxed(["python", "-c", "import torch; print(torch.get_num_threads())"], folder=tmp_path,
                                limits=sandbox.Limits(120, 120), sandbox=True)
     assert run.returncode == 0 and run.stdout.split() == ["1"], run.stderr[-2000:]
 
@@ -123,7 +120,7 @@ def expected(student: str) -> dict:
 
 def test_grades_are_written_once_as_known_and_a_rerun_grades_only_who_has_none(tmp_path, monkeypatch):
     course = course_of(tmp_path / "course", {s: {} for s in STUDENTS})
-    release = grader.read_notebook(course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    release = notebooks.read_notebook(course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
     for name in ("sandbox_problem", "environment_problem"):
         monkeypatch.setattr(schedule, name, lambda *args: None)
     monkeypatch.setattr(schedule, "template_course", lambda course, assignment, scratch: scratch)
@@ -143,21 +140,21 @@ def test_grades_are_written_once_as_known_and_a_rerun_grades_only_who_has_none(t
     monkeypatch.setattr(schedule, "record", record)
 
     def run(stand_in, **options):
-        monkeypatch.setattr(grader, "grade_student", stand_in)
+        monkeypatch.setattr(schedule, "grade_student", stand_in)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return grader.grade(course, ASSIGNMENT, workers=4, **options)
+            return schedule.grade(course, ASSIGNMENT, workers=4, **options)
 
     first = run(StandIn(release, dies={"bob"}, wait=last_first))
     assert written == ["dee", "cy", "ada"]  # each as soon as known, in the order they finished
     assert "the worker died" in first.not_graded["bob"] and first.unwritten == {"bob"}
-    assert autograde.scores(course, ASSIGNMENT) == {s: expected(s) for s in ("ada", "cy", "dee")}
+    assert gradebook.scores(course, ASSIGNMENT) == {s: expected(s) for s in ("ada", "cy", "dee")}
     assert "bob" not in first.scores
 
     again = StandIn(release)
     second = run(again)  # only bob, whose grading failed
     assert [s for s, _ in again.calls] == ["bob"] and second.skipped == ["ada", "cy", "dee"]
-    assert autograde.scores(course, ASSIGNMENT) == {s: expected(s) for s in STUDENTS}
+    assert gradebook.scores(course, ASSIGNMENT) == {s: expected(s) for s in STUDENTS}
 
     page = course / "autograded" / "cy" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
     page.write_text('{"earlier": "feedback"}')
@@ -171,7 +168,7 @@ def test_grades_are_written_once_as_known_and_a_rerun_grades_only_who_has_none(t
         assert sorted(rows) == [(s, 1) for s in STUDENTS]
         assert book.db.execute(text("SELECT count(*) FROM grade")).scalar() == len(STUDENTS) * len(points())
 
-    autograde.feedback_for(course, ASSIGNMENT, ["ada"])  # a shard's pages: its own students' only
+    feedback.feedback_for(course, ASSIGNMENT, ["ada"])  # a shard's pages: its own students' only
     assert sorted(p.name for p in (course / "feedback").iterdir()) == ["ada"]
     result = cli("grade", ASSIGNMENT, "--course", str(course), "--student", "nobody", check=False)
     assert result.returncode != 0 and "no submission of" in result.stderr and "nobody" in result.stderr
@@ -192,9 +189,9 @@ def test_a_shard_refuses_to_start_before_prepare(tmp_path):
     course = tmp_path / "course"  # a gradebook that never heard of the assignment
     (course / "submitted" / "ada" / ASSIGNMENT).mkdir(parents=True)
     (course / "nbgrader_config.py").write_text((ROOT / "nbgrader_config.py").read_text())
-    with pytest.raises(schedule.NotPrepared, match="autograde.py prepare"):
-        grader.grade(course, ASSIGNMENT, shard=(1, 2))
-    assert not grader.registered(course, ASSIGNMENT)
+    with pytest.raises(schedule.NotPrepared, match="python -m grader prepare"):
+        schedule.grade(course, ASSIGNMENT, shard=(1, 2))
+    assert not gradebook.registered(course, ASSIGNMENT)
 
 
 # --- a tiny real class -----------------------------------------------------------------------
@@ -205,9 +202,9 @@ def serial(tmp_path_factory):
     if NO_SANDBOX:
         pytest.skip(f"no sandbox here: {NO_SANDBOX}")
     folder = tmp_path_factory.mktemp("serial")
-    course = course_of(folder / "course", {k: c for k, c in autograde.submissions(ASSIGNMENT).items() if k in KINDS})
-    report = autograde.autograde(course, ASSIGNMENT, timeout=30, workers=1, feedback=False)
-    graded = autograde.scores(course, ASSIGNMENT)
+    course = course_of(folder / "course", {k: c for k, c in fabricate.submissions(ASSIGNMENT).items() if k in KINDS})
+    report = rehearsal.grade_all(course, ASSIGNMENT, timeout=30, workers=1, feedback=False)
+    graded = gradebook.scores(course, ASSIGNMENT)
     assert not report.not_graded and report.workers == 1
     assert graded["full"] == points() and graded["blank"] == {t: 0.0 for t in points()}
     return course, graded
@@ -219,7 +216,7 @@ def test_two_at_a_time_gives_the_gradebook_one_at_a_time_gives(serial, tmp_path)
     course = tmp_path / "course"  # the same class, not graded yet
     shutil.copytree(serial[0], course, ignore=shutil.ignore_patterns("gradebook.db", "autograded", "feedback"))
     result = cli("grade", ASSIGNMENT, "--course", str(course), "--jobs", "2", "--no-feedback", "--timeout", "30")
-    assert autograde.scores(course, ASSIGNMENT) == serial[1]
+    assert gradebook.scores(course, ASSIGNMENT) == serial[1]
     assert "4 students graded in" in result.stderr and "2 at a time" in result.stderr
     assert "students per minute" in result.stderr and "feedback NOT rebuilt" in result.stdout
 
@@ -241,9 +238,9 @@ def test_two_shards_meet_in_postgresql_and_a_killed_one_reruns_without_duplicate
         shards = {k: [s for s in KINDS if schedule.in_shard(s, (k, SHARDS))] for k in range(1, SHARDS + 1)}
         victim = max(shards, key=lambda k: len(shards[k]))  # a shard with two students or more
         assert len(shards[victim]) >= 2
-        line = [sys.executable, str(ROOT / "tools" / "autograde.py"), "grade", ASSIGNMENT, "--course", str(course),
+        line = [sys.executable, "-m", "grader", "grade", ASSIGNMENT, "--course", str(course),
                 "--db-url", url, "--no-feedback", "--timeout", "30", "--jobs", "1", "--shard"]
-        running = {k: subprocess.Popen([*line, f"{k}/{SHARDS}"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        running = {k: subprocess.Popen([*line, f"{k}/{SHARDS}"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                        text=True) for k in shards}
         deadline = time.monotonic() + 300
         while not graded_in(url, shards[victim]) and time.monotonic() < deadline:
@@ -255,10 +252,10 @@ def test_two_shards_meet_in_postgresql_and_a_killed_one_reruns_without_duplicate
         for k, process in running.items():
             output = process.communicate(timeout=300)[0]
             assert k == victim or process.returncode == 0, output[-3000:]
-        rerun = subprocess.run([*line, f"{victim}/{SHARDS}"], env=ENV, capture_output=True, text=True)
+        rerun = subprocess.run([*line, f"{victim}/{SHARDS}"], cwd=ROOT, env=ENV, capture_output=True, text=True)
         assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
         assert f"{len(kept)} already graded" in rerun.stderr
-        assert autograde.scores(None, ASSIGNMENT, url) == expected_scores  # student for student, part for part
+        assert gradebook.scores(None, ASSIGNMENT, url) == expected_scores  # student for student, part for part
         with gradebook_of(None, url) as book:
             rows = book.db.execute(text("SELECT student_id, count(*) FROM submitted_assignment GROUP BY student_id"))
             assert sorted(rows.all()) == [(s, 1) for s in sorted(KINDS)]
@@ -269,7 +266,7 @@ def test_two_shards_meet_in_postgresql_and_a_killed_one_reruns_without_duplicate
 
 @needs_sandbox
 def test_stopping_the_grader_ends_the_sandboxes_still_running():
-    import sandbox
+    from grader import sandbox
     outcome = []
     worker = threading.Thread(target=lambda: outcome.append(sandbox.run(["/bin/sleep", "100"], limits=sandbox.Limits(200, 200))))
     worker.start()

@@ -3,8 +3,8 @@ skips one input check the hidden tests grade, loses its part (tests/test_student
 that an answer checking no input fails ex2's visible tests)."""
 import pytest
 
+from grader import fabricate
 from tests.test_observed_ex1_precision_comparison import judged
-from tests.test_student_answers import autograde
 
 EX = "ex2_loss_scaling"
 
@@ -27,7 +27,7 @@ BROKEN = [
 
 @pytest.mark.parametrize("part, wrong, text, broken", BROKEN, ids=[f"{p}-{w[:30]}" for p, w, _, _ in BROKEN])
 def test_a_wrong_answer_that_passes_the_visible_tests_loses_its_part(part, wrong, text, broken):
-    solution = autograde.solution_cells(EX)[f"{part}_solution"]
+    solution = fabricate.solution_cells(EX)[f"{part}_solution"]
     assert text in solution
     verdict = judged(EX, {f"{part}_solution": solution.replace(text, broken)}, only=part)[f"{part}_tests"]
     assert not verdict["passed"], f"{part}: an answer that {wrong} passed"

@@ -3,8 +3,9 @@ skips one input check the hidden tests grade, loses its part; an answer that che
 the visible tests already, saying which bad input it let through."""
 import pytest
 
+from grader import fabricate, notebooks
 from tests.test_observed_ex1_precision_comparison import judged
-from tests.test_student_answers import autograde, unchecked
+from tests.test_student_answers import unchecked
 
 EX = "ex3_dynamic_range"
 
@@ -23,15 +24,15 @@ BROKEN = [
 
 @pytest.mark.parametrize("cell, wrong, text, broken", BROKEN, ids=[f"{c[:2]}-{w[:30]}" for c, w, _, _ in BROKEN])
 def test_a_wrong_answer_that_passes_the_visible_tests_loses_its_part(cell, wrong, text, broken):
-    solution = autograde.solution_cells(EX)[cell]
+    solution = fabricate.solution_cells(EX)[cell]
     assert text in solution
-    part = autograde.part_of(cell)
+    part = notebooks.part_of(cell)
     verdict = judged(EX, {cell: solution.replace(text, broken)}, only=part)[f"{part}_tests"]
     assert not verdict["passed"], f"{part}: an answer that {wrong} passed"
 
 
 def test_an_answer_that_checks_no_input_fails_the_visible_tests_of_each_part_that_asks_for_checks():
-    cells = autograde.solution_cells(EX)
+    cells = fabricate.solution_cells(EX)
     verdicts = judged(EX, {cell: unchecked(cells[cell]) for cell in ("p1_solution", "p2_solution", "p4_solution_b")},
                       visible=True)
     for part in ("p1", "p2", "p4"):

@@ -1,14 +1,11 @@
-"""ex5's tests record observations and the judge decides (tools/judge.py). ex5 times things, so what
+"""ex5's tests record observations and the judge decides (grader/judge.py). ex5 times things, so what
 is observed must not be a measured time: every part's observations are the same, run after run,
 for one secret, and differ for another; a wrong answer loses its part on the secret inputs, though
 it passes every visible test."""
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_student_answers import ROOT, SECRET, autograde, grader, run, runner  # noqa: E402
+from grader import fabricate, notebooks, runs
+from tests.test_student_answers import ROOT, SECRET, run, runner
 
 EX5 = "ex5_mixed_precision_speedup"
 
@@ -16,8 +13,8 @@ EX5 = "ex5_mixed_precision_speedup"
 def values_observed(secret: str) -> dict:
     """Per part, the value observations (not own_work's calls, not raises') of the reference
     solution under its hidden tests with `secret`."""
-    source = grader.read_notebook(ROOT / "solutions" / EX5 / f"{EX5}.ipynb")
-    record = runner(grader.hidden_test_job(source, source, secret, 120, reference=True))
+    source = notebooks.read_notebook(ROOT / "solutions" / EX5 / f"{EX5}.ipynb")
+    record = runner(runs.hidden_test_job(source, source, secret, 120, reference=True))
     return {part: [o for o in r["observations"] if o["check"] in ("close", "equal", "reference")]
             for part, r in record.items()}
 
@@ -32,7 +29,7 @@ def test_every_part_observes_values_of_the_secret_inputs_and_no_measured_time():
 
 def changed(part: str, old: str, new: str) -> str:
     """The reference answer of `part` with `old` replaced by `new` (which must be there)."""
-    source = autograde.solution_cells(EX5)[f"{part}_solution"]
+    source = fabricate.solution_cells(EX5)[f"{part}_solution"]
     assert old in source, (part, old)
     return source.replace(old, new)
 

@@ -1,20 +1,17 @@
-"""ex6's tests record observations and the judge decides (tools/judge.py): a wrong answer loses its
+"""ex6's tests record observations and the judge decides (grader/judge.py): a wrong answer loses its
 part on the secret inputs, though it passes every visible test; an honest variant the task accepts
 keeps its points; the visible tests try a bad input of the kind the hidden tests grade."""
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_student_answers import autograde, run, unchecked  # noqa: E402
+from grader import fabricate
+from tests.test_student_answers import run, unchecked
 
 EX6 = "ex6_fp8_quantization"
 
 
 def changed(part: str, old: str, new: str) -> str:
     """The reference answer of `part` with `old` replaced by `new` (which must be there)."""
-    source = autograde.solution_cells(EX6)[f"{part}_solution"]
+    source = fabricate.solution_cells(EX6)[f"{part}_solution"]
     assert old in source, (part, old)
     return source.replace(old, new)
 
@@ -45,7 +42,7 @@ def test_a_scale_computed_as_448_over_amax_with_two_roundings_keeps_its_points()
 
 
 def test_answers_that_check_no_input_fail_the_visible_tests_and_say_why():
-    answers = {f"{part}_solution": unchecked(autograde.solution_cells(EX6)[f"{part}_solution"]) for part in ("p1", "p4")}
+    answers = {f"{part}_solution": unchecked(fabricate.solution_cells(EX6)[f"{part}_solution"]) for part in ("p1", "p4")}
     verdicts, _ = run(EX6, answers, visible=True)
     assert verdicts["p2_tests"]["passed"] and verdicts["p3_tests"]["passed"], verdicts
     for part in ("p1", "p4"):

@@ -1,4 +1,4 @@
-"""ex7's hidden tests observe and the judge decides (tools/judge.py): behaviour is recorded as data
+"""ex7's hidden tests observe and the judge decides (grader/judge.py): behaviour is recorded as data
 (hooks left, the model's mode, `.grad` restored) and an answer that is wrong only on the secret
 inputs loses its part, with a message that names what differs."""
 import pytest

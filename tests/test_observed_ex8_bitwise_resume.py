@@ -1,4 +1,4 @@
-"""ex8's hidden tests observe and the judge decides (tools/judge.py): an answer that is wrong only on
+"""ex8's hidden tests observe and the judge decides (grader/judge.py): an answer that is wrong only on
 the secret inputs, or wrong in type or behaviour, loses its part; a try-out line left in an answer
 cell keeps every point (issue 37: `save_checkpoint(run, 'x.pt')` once took ex8 from 10 to 3)."""
 import functools
@@ -8,37 +8,34 @@ import sys
 
 import pytest
 
-from tests.test_student_answers import ROOT, SECRET, unchecked
-
-import autograde  # noqa: E402  (tools/, on the path since test_student_answers)
-import grader  # noqa: E402
-import judge  # noqa: E402
+from grader import fabricate, judge, notebooks, runs
+from tests.test_student_answers import ROOT, SECRET, THREADS, unchecked
 
 ASSIGNMENT = "ex8_bitwise_resume"
 
 
 def record(job: dict, folder) -> dict:
-    """tools/hidden_tests.py's record of `job`, run without a sandbox in `folder` (a try-out line
+    """grader/hidden_tests.py's record of `job`, run without a sandbox in `folder` (a try-out line
     may write a file there)."""
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "hidden_tests.py"), "-"], input=json.dumps(job),
+    result = subprocess.run([sys.executable, str(ROOT / "grader" / "hidden_tests.py"), "-"], input=json.dumps(job),
                             capture_output=True, text=True, cwd=folder,
-                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **THREADS})
     line = result.stdout.strip().rsplit("\n", 1)[-1]
     assert line.startswith("RESULT "), result.stderr[-2000:]
     return json.loads(line.removeprefix("RESULT "))
 
 
 @functools.cache
-def notebooks(assignment: str) -> tuple[dict, dict]:
+def source_and_release(assignment: str) -> tuple[dict, dict]:
     """The instructor's source and the release of `assignment`."""
-    return (grader.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb"),
-            grader.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb"))
+    return (notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb"),
+            notebooks.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb"))
 
 
 def reference_record(assignment: str, folder) -> dict:
     """The reference solution's record of every part of `assignment` under the hidden tests."""
-    source, _ = notebooks(assignment)
-    return record(grader.hidden_test_job(source, source, SECRET, 120, reference=True), folder)
+    source, _ = source_and_release(assignment)
+    return record(runs.hidden_test_job(source, source, SECRET, 120, reference=True), folder)
 
 
 @pytest.fixture(scope="module")
@@ -48,17 +45,17 @@ def reference(tmp_path_factory) -> dict:
 
 def verdicts(reference: dict, answers: dict[str, str], parts: set[str], folder, assignment: str = ASSIGNMENT) -> dict:
     """The judge's verdict on the parts `parts` of the instructor's solutions with `answers` in place."""
-    source, release = notebooks(assignment)
-    cells = {**autograde.solution_cells(assignment), **answers}
-    submission = {**release, "cells": [{**c, "source": cells.get(grader.grade_id(c), c["source"])}
+    source, release = source_and_release(assignment)
+    cells = {**fabricate.solution_cells(assignment), **answers}
+    submission = {**release, "cells": [{**c, "source": cells.get(notebooks.grade_id(c), c["source"])}
                                        for c in release["cells"]]}
-    job = grader.hidden_test_job(source, submission, SECRET, 120)
-    job["parts"] = [p for p in job["parts"] if autograde.part_of(p["test_id"]) in parts]
-    return judge.judge({k: v for k, v in reference.items() if autograde.part_of(k) in parts}, record(job, folder))
+    job = runs.hidden_test_job(source, submission, SECRET, 120)
+    job["parts"] = [p for p in job["parts"] if notebooks.part_of(p["test_id"]) in parts]
+    return judge.judge({k: v for k, v in reference.items() if notebooks.part_of(k) in parts}, record(job, folder))
 
 
 def test_try_out_lines_left_in_answer_cells_keep_all_ten_points(reference, tmp_path):
-    solutions = autograde.solution_cells(ASSIGNMENT)
+    solutions = fabricate.solution_cells(ASSIGNMENT)
     answers = {
         # `run` is the notebook's (the demo cell above Part 1 makes it): the grader has none, so
         # this line raises NameError there, after save_checkpoint is defined
@@ -77,7 +74,7 @@ def test_try_out_lines_left_in_answer_cells_keep_all_ten_points(reference, tmp_p
 
 def broken(part: str, old: str, new: str, assignment: str = ASSIGNMENT) -> dict[str, str]:
     """The instructor's answer to `part` with `old` replaced by `new`."""
-    solution = autograde.solution_cells(assignment)[f"{part}_solution"]
+    solution = fabricate.solution_cells(assignment)[f"{part}_solution"]
     assert old in solution, old
     return {f"{part}_solution": solution.replace(old, new)}
 
@@ -106,17 +103,17 @@ def test_an_answer_wrong_on_the_hidden_inputs_loses_its_part(reference, tmp_path
 
 def test_an_answer_that_checks_no_input_fails_the_visible_tests_of_parts_2_and_3(tmp_path):
     """Issue 37: each part whose task asks for errors on bad input tries one in its visible tests."""
-    _, release = notebooks(ASSIGNMENT)
+    _, release = source_and_release(ASSIGNMENT)
     parts = ("p2", "p3")
-    solutions = autograde.solution_cells(ASSIGNMENT)
+    solutions = fabricate.solution_cells(ASSIGNMENT)
     cells = {**solutions, **{f"{p}_solution": unchecked(solutions[f"{p}_solution"]) for p in parts}}
-    submission = {**release, "cells": [{**c, "source": cells.get(grader.grade_id(c), c["source"])}
+    submission = {**release, "cells": [{**c, "source": cells.get(notebooks.grade_id(c), c["source"])}
                                        for c in release["cells"]]}
-    job = grader.hidden_test_job(release, submission, SECRET, 120)  # the release: visible tests only
-    job["parts"] = [p for p in job["parts"] if autograde.part_of(p["test_id"]) in parts]
+    job = runs.hidden_test_job(release, submission, SECRET, 120)  # the release: visible tests only
+    job["parts"] = [p for p in job["parts"] if notebooks.part_of(p["test_id"]) in parts]
     records = record(job, tmp_path)
     for part in parts:
         bad = [o for o in records[f"{part}_tests"]["observations"] if o["check"] == "raises"]
         assert bad and bad[0]["expected"] == ["ValueError"] and bad[0]["raised"] is None, (part, bad)
-        assert "# a bad input: the task asks for a ValueError" in grader.source_text(
-            next(c for c in release["cells"] if grader.grade_id(c) == f"{part}_tests"))
+        assert "# a bad input: the task asks for a ValueError" in notebooks.source_text(
+            next(c for c in release["cells"] if notebooks.grade_id(c) == f"{part}_tests"))

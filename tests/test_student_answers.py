@@ -1,4 +1,4 @@
-"""Students' answers through the hidden-test runner (tools/hidden_tests.py, run here without a
+"""Students' answers through the hidden-test runner (grader/hidden_tests.py, run here without a
 sandbox: these answers are ours): the visible tests try the bad inputs the hidden tests grade, a
 failure message shows the real call and the exception expected, and a tolerance fits the task."""
 import ast
@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import autograde  # noqa: E402
-import grader  # noqa: E402
-import judge  # noqa: E402
+from grader import fabricate, feedback, judge, notebooks, runs
+from tests.shared import once_per_run
 
+ROOT = Path(__file__).resolve().parent.parent
 SECRET = "a-test-secret"
 
 
@@ -36,32 +34,56 @@ def unchecked(source: str) -> str:
     return ast.unparse(Strip().visit(ast.parse(source)))
 
 
+def jobs(assignment: str, answers: dict, visible: bool) -> tuple[dict, dict]:
+    """The reference's job and the student's (the instructor's solutions with `answers` in their
+    place), under the hidden tests, or the visible tests only (`visible`: the released test cells,
+    as the student's notebook runs them)."""
+    source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    release = notebooks.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
+    cells = {**fabricate.solution_cells(assignment), **answers}
+    submission = {**release, "cells": [{**c, "source": cells.get(notebooks.grade_id(c), c["source"])}
+                                       for c in release["cells"]]}
+    reference = runs.hidden_test_job(source, source, SECRET, 120, reference=True)
+    student = runs.hidden_test_job(source, submission, SECRET, 120)
+    if visible:
+        tests = {notebooks.grade_id(c): notebooks.source_text(c) for c in release["cells"] if notebooks.grade_id(c)}
+        for job in (reference, student):
+            for part in job["parts"]:
+                test = tests[part["test_id"]]
+                part["test"] = test if job is reference else runs.without_expected(test)
+    return reference, student
+
+
+def reference_record(assignment: str, visible: bool) -> dict:
+    """The reference solution's record of every part, run once per test run (tests/shared.py) and
+    assignment and test set: the tests only read it. Each part runs in a child of its own, so a
+    part's record is the same whether the job held the other parts or not."""
+    return once_per_run(f"reference-{assignment}-{'visible' if visible else 'hidden'}",
+                        lambda: runner(jobs(assignment, {}, visible)[0]))
+
+
 def run(assignment: str, answers: dict[str, str] | None = None, visible: bool = False,
         only: str | None = None) -> tuple[dict, dict]:
     """Verdicts of every part (or part `only`) for the instructor's solutions with `answers` in their
     place, under the hidden tests (or the visible tests only, as the student's notebook runs them);
     and the source."""
-    source = grader.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
-    release = grader.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
-    cells = {**autograde.solution_cells(assignment), **(answers or {})}
-    submission = {**release, "cells": [{**c, "source": cells.get(grader.grade_id(c), c["source"])}
-                                       for c in release["cells"]]}
-    jobs = {"reference": grader.hidden_test_job(source, source, SECRET, 120, reference=True),
-            "student": grader.hidden_test_job(source, submission, SECRET, 120)}
-    for job in jobs.values():
-        job["parts"] = [p for p in job["parts"] if only in (None, autograde.part_of(p["test_id"]))]
-        if visible:
-            tests = {grader.grade_id(c): grader.source_text(c) for c in release["cells"] if grader.grade_id(c)}
-            for part in job["parts"]:
-                part["test"] = tests[part["test_id"]] if job is jobs["reference"] else grader.without_expected(
-                    tests[part["test_id"]])
-    return judge.judge(runner(jobs["reference"]), runner(jobs["student"])), source
+    student = jobs(assignment, answers or {}, visible)[1]
+    student["parts"] = [p for p in student["parts"] if only in (None, notebooks.part_of(p["test_id"]))]
+    reference = {k: v for k, v in reference_record(assignment, visible).items()
+                 if only in (None, notebooks.part_of(k))}
+    source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    return judge.judge(reference, runner(student)), source
+
+
+# What a sandbox's environment holds besides its paths: one maths thread (grader.runs.threads).
+THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
 def runner(job: dict) -> dict:
-    """tools/hidden_tests.py's record of `job`, run here without a sandbox."""
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "hidden_tests.py"), "-"], input=json.dumps(job),
-                            capture_output=True, text=True, cwd=tempfile.gettempdir(), env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
+    """grader/hidden_tests.py's record of `job`, run here without a sandbox."""
+    result = subprocess.run([sys.executable, str(ROOT / "grader" / "hidden_tests.py"), "-"], input=json.dumps(job),
+                            capture_output=True, text=True, cwd=tempfile.gettempdir(),
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", **THREADS})
     line = result.stdout.strip().rsplit("\n", 1)[-1]
     assert line.startswith("RESULT "), result.stderr[-2000:]
     return json.loads(line.removeprefix("RESULT "))
@@ -75,9 +97,9 @@ CHECKED_PARTS = [("ex2_loss_scaling", p) for p in ("p1", "p2", "p3", "p4")] + [
 
 @pytest.mark.parametrize("assignment, part", CHECKED_PARTS)
 def test_an_answer_that_checks_no_input_fails_the_visible_tests_and_says_why(assignment, part):
-    answers = {gid: unchecked(src) for gid, src in autograde.solution_cells(assignment).items()
-               if autograde.part_of(gid) == part}
-    assert any("raise" in src for src in autograde.solution_cells(assignment).values())
+    answers = {gid: unchecked(src) for gid, src in fabricate.solution_cells(assignment).items()
+               if notebooks.part_of(gid) == part}
+    assert any("raise" in src for src in fabricate.solution_cells(assignment).values())
     verdicts, _ = run(assignment, answers, visible=True, only=part)
     verdict = verdicts[f"{part}_tests"]
     assert not verdict["passed"], f"{assignment} {part}: the visible tests try no bad input"
@@ -91,17 +113,17 @@ def test_the_instructors_solutions_pass_the_visible_bad_input_checks(assignment)
 
 
 def test_ex7_a_non_module_says_a_type_error_was_expected_not_only_what_went_wrong():
-    answers = {gid: unchecked(src) for gid, src in autograde.solution_cells("ex7_fp16_nan_hunt").items()
-               if autograde.part_of(gid) == "p1"}
+    answers = {gid: unchecked(src) for gid, src in fabricate.solution_cells("ex7_fp16_nan_hunt").items()
+               if notebooks.part_of(gid) == "p1"}
     verdicts, source = run("ex7_fp16_nan_hunt", answers, only="p1")
     message = verdicts["p1_tests"]["message"]
     assert "first_nonfinite(" in message and "raised AttributeError" in message and "expected TypeError" in message
-    shown = grader.safe_message(message, secrets=[SECRET], hidden_lines=grader.hidden_test_lines(source))
+    shown = feedback.safe_message(message, secrets=[SECRET], hidden_lines=feedback.hidden_test_lines(source))
     assert shown == message.removeprefix("AssertionError: ") or shown == message  # not withheld, not cut
 
 
 def test_ex5_matmul_cost_shows_the_real_call_with_its_torch_dtype_and_the_expected_exception():
-    cells = autograde.solution_cells("ex5_mixed_precision_speedup")
+    cells = fabricate.solution_cells("ex5_mixed_precision_speedup")
     # Checks m only (what the visible test tries): the hidden tests try n = -1, with a torch.float32
     only_m = cells["p3_solution"].replace('for name, value in (("m", m), ("n", n), ("k", k), ("batch", batch)):',
                                           'for name, value in (("m", m),):')
@@ -110,12 +132,12 @@ def test_ex5_matmul_cost_shows_the_real_call_with_its_torch_dtype_and_the_expect
     message = verdicts["p3_tests"]["message"]
     assert "matmul_cost(4, -1, 4, torch.float32) returned" in message, message
     assert "expected it to raise ValueError" in message and "'float32'" not in message
-    shown = grader.safe_message(message, secrets=[SECRET], hidden_lines=grader.hidden_test_lines(source))
+    shown = feedback.safe_message(message, secrets=[SECRET], hidden_lines=feedback.hidden_test_lines(source))
     assert "matmul_cost(4, -1, 4, torch.float32)" in shown
 
 
 def test_ex2_part1_accepts_a_float32_mean_and_still_rejects_one_element_counted_wrong():
-    solution = autograde.solution_cells("ex2_loss_scaling")["p1_solution"]
+    solution = fabricate.solution_cells("ex2_loss_scaling")["p1_solution"]
     float32_mean = solution.replace("survived.double().mean().item()", "survived.float().mean().item()")
     assert float32_mean != solution
     verdicts, _ = run("ex2_loss_scaling", {"p1_solution": float32_mean}, only="p1")
@@ -128,7 +150,7 @@ def test_ex2_part1_accepts_a_float32_mean_and_still_rejects_one_element_counted_
 
 
 def test_honest_notebook_habits_in_an_answer_cell_keep_their_points():
-    solution = autograde.solution_cells("ex2_loss_scaling")["p1_solution"]
+    solution = fabricate.solution_cells("ex2_loss_scaling")["p1_solution"]
     habits = solution + ("\n\ntorch.nextafter?\n?torch.finfo\ntorch.float16??  # the docs\n"
                          "display(fp16_survivors(torch.ones(3)))\n"
                          "from IPython.display import display as show\nshow('done')\n"
@@ -138,7 +160,7 @@ def test_honest_notebook_habits_in_an_answer_cell_keep_their_points():
 
 
 def test_help_lines_are_comments_and_a_question_mark_elsewhere_is_not_touched():
-    assert grader.without_magics("torch.nextafter?\n  ?np.log\nx = '?'\ny = a if b else c") == (
+    assert notebooks.without_magics("torch.nextafter?\n  ?np.log\nx = '?'\ny = a if b else c") == (
         "# (not run by the grader) torch.nextafter?\n# (not run by the grader)   ?np.log\nx = '?'\ny = a if b else c")
 
 

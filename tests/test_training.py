@@ -314,6 +314,20 @@ def test_select_precision_fp8_follows_the_tensor_cores_scaling_per_tensor_then_p
     assert select_precision(capability=(10, 0)).fp8_recipe is None  # BF16: no FP8 recipe
 
 
+def test_select_precision_names_block_recipes_only_where_transformer_engine_runs_them():
+    # Transformer Engine (transformer_engine/pytorch/quantization.py): Float8BlockScaling needs
+    # capability 9.0 and CUDA 12.9; MXFP8 runs on 10.x and 11.x and "is not supported on 12.0+
+    # architectures yet", where its default recipe is per-tensor current scaling.
+    ada, hopper = (" ".join(select_precision(capability=c, allow_fp8=True).reasons)
+                   for c in ((8, 9), (9, 0)))
+    assert "block of 128" not in ada and "needs 9.0" in ada
+    assert "block of 128" in hopper and "CUDA 12.9" in hopper
+    consumer = select_precision(capability=(12, 0), allow_fp8=True)
+    assert consumer.precision == "fp8" and consumer.fp8_recipe == "hybrid"
+    assert "per tensor" in " ".join(consumer.reasons) and "12.x" in " ".join(consumer.reasons)
+    assert select_precision(capability=(10, 3), allow_fp8=True).fp8_recipe == "mxfp8"
+
+
 def test_select_precision_fp8_needs_a_working_scaled_mm():
     no_scaled_mm = DeviceProfile("cuda", "L4, old PyTorch", (8, 9), fp8_matmul=False)
     choice = select_precision(no_scaled_mm, allow_fp8=True)

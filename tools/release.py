@@ -7,7 +7,7 @@ A release makes the book, its notebooks and the library agree on one version:
 3. CHANGELOG.md's "Unreleased" entries move under "[x.y.z] - <today>";
 4. every notebook's Colab set-up cell installs `mpcourse` at the tag `vx.y.z`
    (tools/sync_colab_cells.py), and the student release `exercises/` is regenerated from
-   `solutions/` (tools/autograde.py release), so released notebooks install the same library;
+   `solutions/` (`python -m grader release`), so released notebooks install the same library;
 5. the result is committed and tagged `vx.y.z`. Push the commit and the tag yourself.
 
 `--no-git` stops after step 4 (no clean-tree check, no commit, no tag).
@@ -74,7 +74,7 @@ def main() -> None:
     if not args.no_git and git("status", "--porcelain").stdout.strip():
         raise SystemExit("release: the working tree has uncommitted changes; commit or stash them first")
     bump(ROOT, args.version, datetime.date.today())
-    subprocess.run([sys.executable, str(ROOT / "tools" / "autograde.py"), "release"], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "grader", "release"], cwd=ROOT, check=True)
     if not args.no_git:
         git("add", "-A")
         git("commit", "-m", f"Release {args.version}")

@@ -257,4 +257,4 @@ CHECKS = (_fp16_without_scaling, _half_params, _clip_before_unscale, _scaler_mis
 
 def diagnose(seen, session) -> Report:
     findings: list[Finding] = [f for check in CHECKS for f in check(seen, session)]
-    return Report(findings, seen.steps)
+    return Report(findings, seen.steps, seen.skipped)

@@ -93,9 +93,10 @@ class Report:
     a notebook shows :meth:`_repr_markdown_`, a table.
     """
 
-    def __init__(self, findings, steps: int):
+    def __init__(self, findings, steps: int, skipped: int = 0):
         self.findings = sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
-        self.steps = steps
+        self.steps = steps  # optimizer steps taken
+        self.skipped = skipped  # steps the scaler skipped (inf/NaN gradients): not in ``steps``
 
     @property
     def ok(self) -> bool:
@@ -103,7 +104,10 @@ class Report:
 
     def _summary(self) -> str:
         counts = [_plural(sum(f.severity == s for f in self.findings), s) for s in SEVERITIES]
-        return f"doctor: {', '.join(counts)} in {_plural(self.steps, 'watched optimizer step')}"
+        if not self.skipped:
+            return f"doctor: {', '.join(counts)} in {_plural(self.steps, 'watched optimizer step')}"
+        return (f"doctor: {', '.join(counts)} in {_plural(self.steps + self.skipped, 'watched step')} "
+                f"({self.skipped} skipped by the scaler, {_plural(self.steps, 'optimizer step')} taken)")
 
     def __str__(self) -> str:
         lines = [self._summary()]

@@ -512,7 +512,7 @@ class Session:
                 self.seen.unwatched_scalers.append(type(scaler).__name__)
             name = "scaler" if scaler is self.scaler else f"an unwatched {type(scaler).__name__}"
             state = self._scalers[id(scaler)] = {"scaler": scaler, "name": name, "scaled": False,
-                                                 "unscaled": set(), "stepped": set()}
+                                                 "unscaled": set(), "stepped": set(), "rescaled": False}
         return state
 
     def _watching(self, scaler) -> bool:
@@ -532,7 +532,9 @@ class Session:
             if not self._watching(scaler):
                 return original(scaler, outputs)
             result = self._inside(lambda: original(scaler, outputs))
-            self._scaler_state(scaler)["scaled"] = True
+            state = self._scaler_state(scaler)
+            # scale() after unscale_() with no update() between: a new iteration has begun
+            state["scaled"], state["rescaled"] = True, bool(state["unscaled"])
             self._scaled_outputs.extend(_tensors(result))
             return result
         return scale
@@ -548,6 +550,11 @@ class Session:
                 if id(optimizer) in state["stepped"]:
                     self._misuse(where, "unscale_() after step() with no update() between: "
                                  "update() was skipped, so the scale never adapts")
+                elif id(optimizer) in state["unscaled"] and state["rescaled"]:
+                    self._misuse(where, "unscale_() in a new iteration with no step() and update() "
+                                 "since the last unscale_(): update() was skipped (on an overflow "
+                                 "step?), so the scale never backs off; call scaler.step(optimizer) "
+                                 "and scaler.update() every iteration, and let step() skip")
                 elif id(optimizer) in state["unscaled"]:
                     self._misuse(where, "unscale_() called twice for one optimizer in one step: "
                                  "the second call would divide the gradients by the scale again")
@@ -591,7 +598,7 @@ class Session:
                     self._misuse(f"{state['name']}.update()", "update() without step() since the "
                                  "last update() (once per micro-batch?): call it once per "
                                  "optimizer step, after scaler.step(optimizer)")
-                state.update(scaled=False, unscaled=set(), stepped=set())
+                state.update(scaled=False, unscaled=set(), stepped=set(), rescaled=False)
                 self._scaled_outputs.clear()
                 return self._inside(lambda: original(scaler, *args, **kwargs))
             return original(scaler, *args, **kwargs)

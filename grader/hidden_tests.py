@@ -1,5 +1,6 @@
-"""Runs one student's hidden tests, or the instructor's reference solution under the same tests:
-the untrusted half of the grader, started by tools/grader.py inside a sandbox of its own. It never
+"""Runs one student's hidden tests, or the instructor's reference solution under the same tests.
+Runs student code: the untrusted half of the grader, started by grader/runs.py inside a sandbox of
+its own, where it is copied alone (it imports nothing of `grader`, only `mpcourse`). It never
 sees the student's notebook, only the job, on its stdin:
 
     {"secret": "...", "timeout": 60, "setup": "<the instructor's set-up cell>",
@@ -10,14 +11,14 @@ For each part it forks a child (numpy, torch and the checker are imported before
 and before the fork). The child runs the set-up cell twice, into two namespaces: the answer cells
 run in one, the test cell in the other, which receives only the names the exercise asks for
 (`names`), so nothing an answer cell rebinds (`grading`, `torch`, ...) reaches the tests. The
-answer cells run as the notebook ran them: help lines (`name?`) are comments (tools/grader.py),
+answer cells run as the notebook ran them: help lines (`name?`) are comments (grader/notebooks.py),
 `display` and `input` exist, and an answer cell that raises (a try-out line that used something
 of the notebook's outside the answer cells) does not stop the part: what it defined is tested,
 and the failure message names the cell. The tests' random generators start as the set-up cell
 left them, whatever the answer cells drew.
 
 The child decides nothing. `mpcourse.grading` runs in observing mode there: each check records
-what the answer did, as data (tools/judge.py compares those records with the reference's), and
+what the answer did, as data (grader/judge.py compares those records with the reference's), and
 the record goes back on a pipe with the error that stopped the tests, if any. A child that hangs,
 ignores signals or exits is killed or ignored after `timeout` seconds of CPU time (or four times
 that of wall-clock time: a loaded machine does not fail an honest slow part) and that part's

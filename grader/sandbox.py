@@ -1,4 +1,5 @@
-"""The sandbox a student's code runs in: what it sees, who it runs as, what it may use.
+"""The sandbox a student's code runs in: what it sees, who it runs as, what it may use. Runs student
+code: this is the boundary, and everything it runs is confined as below.
 
     run(command, show=[...], files={...}, limits=Limits(...), stdin=b"") -> Outcome
 

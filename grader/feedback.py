@@ -1,36 +1,29 @@
-"""The feedback notebook a student gets back, rebuilt by the grader from data (tools/grader.py):
-outputs reduced to text and checked images within OUTPUT_CHARS, Markdown made inert, test cells as
-released with the verdict and a failure message fit to show (capped, the secret, seeds and
-hidden-test lines withheld). Nothing here runs a submission's code.
+"""The feedback a student gets back. Never runs student code: the notebook is rebuilt from data,
+the notebook as run that came back from the feedback run's sandbox (grader/runs.py).
+
+    feedback_notebook(ran, release, points, verdicts) -> the notebook nbgrader renders
+    feedback_for(course, assignment, students, url)   # nbgrader's HTML pages for those students
+    pack_feedback(course, assignment, out)            # each page named for upload to an LMS
+
+The notebook: outputs reduced to text and checked images within OUTPUT_CHARS, Markdown made inert,
+test cells as released with the verdict and a failure message fit to show (capped, the secret,
+seeds and hidden-test lines withheld); grader/feedback_page.py says how the verdict and the maths
+read.
 """
-import copy
 import hashlib
 import json
 import re
+import shutil
+import zipfile
+from pathlib import Path
 
-import feedback_page
-from review_flags import _grade_id as grade_id, _source as source_text
+from grader import feedback_page
+from grader.course import nbgrader
+from grader.notebooks import grade_id, normalised, source_text
 
 OUTPUT_CHARS = 1_000_000          # the feedback's outputs, all cells together
 MESSAGE_CHARS = 300               # a failure message in the feedback
 IMAGE = re.compile(r"^[A-Za-z0-9+/=\s]*$")
-
-
-def normalised(submission: dict, release: dict) -> dict:
-    """The submission with each released cell's nbgrader metadata as released, on the first cell
-    that carries its grade_id; removed from duplicates and from cells that never had any."""
-    nb = copy.deepcopy(submission)
-    released = {grade_id(c): c["metadata"]["nbgrader"] for c in release["cells"] if grade_id(c)}
-    seen = set()
-    for cell in nb["cells"]:
-        metadata = cell.setdefault("metadata", {}) if isinstance(cell.get("metadata"), dict) else {}
-        cell["metadata"] = metadata
-        gid = grade_id(cell)
-        metadata.pop("nbgrader", None)
-        if gid in released and gid not in seen:
-            metadata["nbgrader"] = copy.deepcopy(released[gid])
-            seen.add(gid)
-    return nb
 
 
 # A URL scheme that runs code or embeds a document, even with blanks or control characters
@@ -43,7 +36,7 @@ MATH_LINKS = re.compile(r"\\(href|url|class|cssId|style|data|unicode|require)\b"
 
 def inert_markdown(text: str) -> str:
     """Markdown that renders as text, not HTML: `&` and `<` escaped where they could start an entity
-    or a tag, maths as plain text where it can be (tools/feedback_page.py), no link or image (their
+    or a tag, maths as plain text where it can be (grader/feedback_page.py), no link or image (their
     syntax broken: the Markdown renderer decodes entities in addresses, even escaped ones, so an
     address cannot be made safe by escaping), dangerous URL schemes broken in the text too,
     MathJax's link commands disabled."""
@@ -156,3 +149,38 @@ def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict) ->
     return {"cells": cells, "metadata": {k: release["metadata"][k] for k in ("kernelspec", "language_info")
                                          if k in release.get("metadata", {})},
             "nbformat": 4, "nbformat_minor": 5}
+
+
+def feedback_for(course: Path, assignment: str, students: list[str], url: str | None = None) -> None:
+    """nbgrader's feedback pages for `students` only (a shard writes its own students' pages)."""
+    others = sorted({p.parent.name for p in (course / "autograded").glob(f"*/{assignment}")} - set(students))
+    args = ["generate_feedback", assignment, "--force"] + (
+        [f"--CourseDirectory.student_id_exclude={','.join(others)}"] if others else []) + (
+        [f"--CourseDirectory.db_url={url}"] if url else [])
+    nbgrader(course, *args)
+
+
+def pack_feedback(course: Path, assignment: str, out: Path) -> list[Path]:
+    """Each student's feedback page, for upload to an LMS without nbgrader's exchange: copied to
+    OUT/<assignment>/<student>_<assignment>.html, and all of them in OUT/<assignment>-feedback.zip.
+    Returns the pages; names the students who handed in but have no feedback page."""
+    pages, missing = [], []
+    folder = out / assignment
+    folder.mkdir(parents=True, exist_ok=True)
+    students = sorted({p.parent.name for p in (course / "submitted").glob(f"*/{assignment}")} |
+                      {p.parent.name for p in (course / "feedback").glob(f"*/{assignment}")})
+    for student in students:
+        page = course / "feedback" / student / assignment / f"{assignment}.html"
+        if not page.is_file() or any(p.is_symlink() for p in (page, page.parent, page.parent.parent)):
+            missing.append(student)
+            continue
+        target = folder / f"{student}_{assignment}.html"
+        shutil.copyfile(page, target)
+        pages.append(target)
+    with zipfile.ZipFile(out / f"{assignment}-feedback.zip", "w", zipfile.ZIP_DEFLATED) as archive:
+        for page in pages:
+            archive.write(page, page.name)
+    print(f"{len(pages)} feedback pages in {folder}/ and {out / f'{assignment}-feedback.zip'}")
+    for student in missing:
+        print(f"  NO FEEDBACK for {student}: grade the assignment first (python -m grader grade {assignment})")
+    return pages

@@ -1,8 +1,8 @@
-"""The judge: decides each part from two records, and runs no student code (it only reads data).
+"""The judge: decides each part from two records. Never runs student code: it only reads data.
 
     judge(reference, student) -> {test_id: {"passed": bool, "message": str}}
 
-Both records come from tools/hidden_tests.py: the instructor's reference solution and the student's
+Both records come from grader/hidden_tests.py: the instructor's reference solution and the student's
 answers, each run in a sandbox of its own under the same tests on the same secret inputs. Each part's
 record is a list of observations (mpcourse.grading, observing mode) and the error that stopped the
 tests, if any. A part passes when the student's tests ran to the end and the student's i-th
@@ -21,14 +21,9 @@ values. The last two kinds are yes/no answers the student's process could forge:
 that marks need correct values on the secret inputs (instructor guide). A reference that fails its
 own checks, or records nothing for a part, is the instructor's problem: `ReferenceProblem`.
 """
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from mpcourse.grading import (closeness_problem, numbers_of, own_work_problem,  # noqa: E402
-                              raises_problem, shown_data)
+from mpcourse.grading import closeness_problem, numbers_of, own_work_problem, raises_problem, shown_data
 
 KINDS = ("close", "equal", "reference", "raises", "own_work")
 

@@ -1,10 +1,14 @@
-"""`nbgrader zip_collect` for Canvas and Moodle downloads: one notebook per student, the latest.
+"""Collection: an LMS download (Canvas, Moodle) into submitted/, one notebook per student, the
+latest. Never runs student code: it names and copies files.
 
-    nbgrader zip_collect ASSIGNMENT --force --collector=tools.lms_collect.CanvasCollector
-    nbgrader zip_collect ASSIGNMENT --force --collector=tools.lms_collect.MoodleCollector
+    collect(course, assignment, lms, download)   # `python -m grader collect ASSIGNMENT --lms canvas --zip FILE`
 
-(run in the course directory, the download in downloaded/ASSIGNMENT/archive/; or
-`python tools/autograde.py collect ASSIGNMENT --lms canvas --zip FILE --course DIR`, which does both).
+which puts the download in downloaded/ASSIGNMENT/archive/ and runs, in the course directory,
+
+    nbgrader zip_collect ASSIGNMENT --force --collector=grader.collect.CanvasCollector
+    nbgrader zip_collect ASSIGNMENT --force --collector=grader.collect.MoodleCollector
+
+(which an instructor may also run by hand, with the repository on PYTHONPATH).
 
 The names the two systems give a submitted file:
 
@@ -21,10 +25,16 @@ one notebook); the others are skipped with a note, so two files from one student
 collection. Student ids: Canvas's login (`doejane`), Moodle's name and participant number
 (`jane_doe_12345`). Late hand-ins are named in the log (`LATE`); no grade depends on it.
 """
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from nbgrader.plugins import FileNameCollectorPlugin
+
+from grader.course import BIN, ROOT
 
 CANVAS = re.compile(r"^(?P<login>[A-Za-z0-9.\-]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<submission>\d+)_(?P<name>.+)$",
                     re.I)
@@ -88,3 +98,29 @@ class CanvasCollector(LatestNotebookCollector):
 
 class MoodleCollector(LatestNotebookCollector):
     parse = staticmethod(moodle)
+
+
+def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
+    """Put an LMS download (a zip, or a folder of files) in downloaded/<assignment>/archive/ and
+    run `nbgrader zip_collect` with this module's collector for that LMS: each student's latest
+    notebook lands in submitted/<student>/<assignment>/<assignment>.ipynb."""
+    archive = course / "downloaded" / assignment / "archive"
+    archive.mkdir(parents=True, exist_ok=True)
+    if download.is_dir():
+        shutil.copytree(download, archive / download.name, dirs_exist_ok=True)
+    else:
+        shutil.copy(download, archive)
+    collector = {"canvas": "CanvasCollector", "moodle": "MoodleCollector"}[lms]
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([str(BIN / "nbgrader"), "zip_collect", assignment, "--force",
+                             f"--collector=grader.collect.{collector}"], cwd=course, env=env,
+                            capture_output=True, text=True)
+    log = result.stdout + result.stderr
+    if result.returncode != 0:
+        sys.exit(f"nbgrader zip_collect failed:\n{log[-3000:]}")
+    for line in log.splitlines():
+        if "LATE:" in line or "skipped" in line.lower() or "Skipped" in line:
+            print(" ", line.split("] ", 1)[-1])
+    students = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
+    print(f"{len(students)} submissions of {assignment} in {course / 'submitted'}: {', '.join(students)}")

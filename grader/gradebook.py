@@ -1,10 +1,13 @@
 """The course's gradebook (nbgrader's): registering an assignment, writing each student's grade
-and feedback notebook as soon as it is known, and the instructor's secret.
+and feedback notebook as soon as it is known, reading and exporting the grades, and the
+instructor's secret. Never runs student code: it writes what the judge decided, as data.
 
     prepare(course, assignment, url)      # once, before shards start: the schema, the assignment, the students
     register(course, assignment, url)     # the assignment, its notebook, points and cells
     graded_students(gradebook, assignment, points) -> {students with every part's grade written}
     record(gradebook, course, assignment, student, result, ...)  # one student, from the scheduler
+    scores(course, assignment, url) -> {student: {test cell: score}}
+    export(course, to, url)               # `nbgrader export`: one CSV row per student and assignment
 
 The gradebook is SQLite (`gradebook.db` in the course) on one machine, or any database nbgrader's
 `CourseDirectory.db_url` names: PostgreSQL (`postgresql+psycopg://user@host/database`) where
@@ -15,16 +18,16 @@ is busy, so that shards (each with its own students) never write the same rows.
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grader import (ENV, PLACEHOLDER_SECRET, feedback_notebook, nbgrader_command, safe_message,  # noqa: E402
-                    write_private)
+from grader.course import ENV, nbgrader, nbgrader_command
+from grader.feedback import feedback_notebook, safe_message
+from grader.notebooks import write_private
 
+PLACEHOLDER_SECRET = "public-placeholder"
 RETRIES = 8  # a busy database (SQLite locked by another process, a PostgreSQL conflict): tries per student
 
 
@@ -214,3 +217,23 @@ def write_grades(gradebook, assignment: str, student: str, scores: dict) -> None
             if attempt == RETRIES - 1:
                 raise
             time.sleep(min(0.05 * 2 ** attempt, 5))
+
+
+def scores(course: Path, assignment: str, url: str | None = None) -> dict[str, dict[str, float]]:
+    """student -> {test grade_id: score} from the gradebook (the real record of grades)."""
+    from nbgrader.api import Gradebook, MissingEntry
+    result = {}
+    with Gradebook(url or f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        for student in gradebook.students:
+            try:
+                graded = gradebook.find_submission_notebook(assignment, assignment, student.id)
+            except MissingEntry:
+                continue
+            result[student.id] = {g.name: g.score for g in graded.grades}
+    return result
+
+
+def export(course: Path, to: Path, url: str | None = None) -> None:
+    """Every grade in the gradebook to the CSV file `to` (`nbgrader export`: one row per student
+    and assignment), from the course's gradebook or the one at `url`."""
+    nbgrader(course, "export", "--to", str(to), *([f"--CourseDirectory.db_url={url}"] if url else []))

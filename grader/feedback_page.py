@@ -1,4 +1,5 @@
-"""How the feedback page reads (tools/grader.py decides what it may show).
+"""How the feedback page reads (grader/feedback.py decides what it may show). Never runs student
+code: it turns text into text.
 
     readable_maths(markdown) -> markdown     # $2^{-25}$ -> 2⁻²⁵, offline, no MathJax needed
     escape_markup(text) -> text              # `&` and `<` escaped only where they could start markup

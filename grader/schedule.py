@@ -1,13 +1,22 @@
 """Grading a class: every student of an assignment, `workers` at a time, each in sandboxes of their
-own (tools/grader.py grades one), their grades written to the gradebook as soon as each is known.
+own, their grades written to the gradebook as soon as each is known. Never runs student code
+itself: the runs do, in their sandboxes (grader/runs.py).
 
     grade(course, assignment, students=None, sandbox=True, workers=None, shard=None) -> Report
+    grade_student(course, assignment, student, ...) -> (verdicts, notebook as run, problem, note, flags)
+
+One student's path, one way: the submission read as JSON (grader/notebooks.py; a submission that is
+or holds a symbolic link is refused, with the reason), its answers flagged for review
+(grader/review_flags.py), the feedback run, the student's hidden-test run and the reference's
+(grader/runs.py, each in a sandbox of its own), the judge (grader/judge.py: data, never code), then,
+in the scheduler's thread, the gradebook (grader/gradebook.py), which also writes the feedback
+notebook (grader/feedback.py).
 
 - Every core: `workers` students at a time (default `default_jobs()`: one per core, as many as
-  memory holds), each sandbox held to one CPU (tools/sandbox.py) and its maths libraries to one
-  thread (grader.run_sandboxed), so a neighbour neither starves nor slows an honest part.
+  memory holds), each sandbox held to one CPU (grader/sandbox.py) and its maths libraries to one
+  thread (runs.run_sandboxed), so a neighbour neither starves nor slows an honest part.
 - One writer: the grades are written here, in this thread, one student at a time as each is done,
-  whatever order they finish in (tools/gradebook.py). A stopped run keeps every grade written; a
+  whatever order they finish in (grader/gradebook.py). A stopped run keeps every grade written; a
   rerun grades only the students without one, unless `regrade`. A student whose grading failed
   (the grader's fault, not theirs) gets no grade written, so the next run grades them again.
 - Many machines: `shard=(K, N)` grades the students whose `int(sha256(id), 16) % N == K - 1`, into
@@ -23,13 +32,16 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sandbox as sandboxing  # noqa: E402
-import grader  # noqa: E402
-from grader import (BrokenEnvironment, NoSandbox, environment_problem, grade_id,  # noqa: E402
-                    hidden_test_lines, read_notebook, sandbox_problem, seeds_of, template_course)
-from gradebook import (db_url, graded_students, instructor_secret, record, register, registered,  # noqa: E402
-                       submitters, without_password)
+from grader import judge
+from grader import sandbox as sandboxing
+from grader.feedback import hidden_test_lines, seeds_of
+from grader.gradebook import (db_url, graded_students, instructor_secret, record, register, registered, submitters,
+                              without_password)
+from grader.notebooks import (grade_id, normalised, read_notebook, read_submission, recovered, renamed_note,
+                              submitted_name)
+from grader.review_flags import review_flags
+from grader.runs import (BrokenEnvironment, NoSandbox, environment_problem, hidden_test_job,  # noqa: F401
+                         run_feedback, run_hidden_tests, sandbox_problem, template_course)
 
 # Memory set aside per student graded at once: `default_jobs` runs no more than memory holds. An
 # honest student's heaviest step, the feedback run (nbgrader and a kernel, each with torch), peaked
@@ -116,7 +128,7 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
     url = db_url(course, url)
     if shard and not registered(course, assignment, url):  # two shards registering at once would write the same rows
         raise NotPrepared(f"{assignment} is not in the gradebook {without_password(url)}: run, once, before "
-                          f"the shards start:\n  python tools/autograde.py prepare {assignment} --course {course}")
+                          f"the shards start:\n  python -m grader prepare {assignment} --course {course}")
     problem = sandbox_problem() if sandbox else None
     if problem:
         raise NoSandbox(f"refusing to grade without a sandbox: {problem}. A submission could then read "
@@ -167,9 +179,9 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
             def timed(student):
                 started[student] = time.monotonic()
                 try:
-                    return grader.grade_student(course, assignment, student, template, source, release,
-                                                secrets[student], timeout, sandbox,
-                                                execute is True or student in (execute or ()))
+                    return grade_student(course, assignment, student, template, source, release,
+                                         secrets[student], timeout, sandbox,
+                                         execute is True or student in (execute or ()))
                 finally:
                     report.seconds[student] = time.monotonic() - started[student]
 
@@ -201,6 +213,48 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
     if progress:
         print(closing_line(assignment, report), file=sys.stderr, flush=True)
     return report
+
+
+def grade_student(course, assignment, student, template, source, release, secret, timeout, sandbox, execute):
+    """(verdicts or None, the notebook as run (or as submitted), problem, note, review flags) for one
+    student. The notebook as run comes from the sandbox: data to sanitise, nothing to trust."""
+    try:
+        submission = read_submission(course, student, assignment)
+        renamed = renamed_note(submitted_name(course, student, assignment), assignment)
+    except (OSError, ValueError) as error:
+        return None, None, f"the submission could not be read: {error}", None, None
+    submission, restored = recovered(submission, release)
+    answers = {grade_id(c) for c in release["cells"] if (c["metadata"].get("nbgrader") or {}).get("solution")}
+    if not answers & {grade_id(c) for c in submission["cells"]}:
+        return None, submission, ("no answer cell of the notebook carries the exercise's nbgrader metadata "
+                                  "(an editor removed it, and the cells' ids too): grade it by hand"), renamed, None
+    if restored:
+        renamed = "; ".join(filter(None, [renamed, f"{restored} cells had lost their nbgrader metadata: "
+                                                   "recovered from the cells' ids"]))
+    flags = review_flags(submission)
+    with tempfile.TemporaryDirectory(prefix=f"grading-{assignment}-") as scratch:
+        ran, note = submission, renamed
+        if execute:
+            run, why = run_feedback(Path(scratch) / "feedback", template, normalised(submission, release), assignment,
+                                    timeout, sandbox)
+            if why:
+                note = "; ".join(filter(None, [renamed, f"its notebook run {why}; the feedback shows it as submitted"]))
+            else:
+                ran = run
+        records = {}
+        try:
+            jobs = (("reference", hidden_test_job(source, source, secret, timeout, reference=True)),
+                    ("student", hidden_test_job(source, submission, secret, timeout)))
+        except (ValueError, SyntaxError) as error:
+            return None, ran, f"the exercise's tests cannot be graded (fix them in solutions/): {error}", note, flags
+        for who, job in jobs:
+            records[who], problem = run_hidden_tests(Path(scratch) / who, job, sandbox, timeout)
+            if problem:
+                return None, ran, f"the hidden-test runner ({who}) {problem}", note, flags
+        try:
+            return judge.judge(records["reference"], records["student"]), ran, None, note, flags
+        except judge.ReferenceProblem as error:
+            return None, ran, f"the instructor's reference solution fails its own tests: {error}", note, flags
 
 
 def failed(report: Report, student: str, why: str, written: bool = False) -> None:

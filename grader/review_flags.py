@@ -4,25 +4,17 @@
 
 An answer cell is flagged when it touches the runner, the system or the libraries: call frames,
 the garbage collector, /proc, processes and sessions, links, databases, code objects, `exec`,
-`ctypes`, signals, assignments to attributes of torch, numpy and the like. Only parsed, never run.
-A flag is a reason to read the answer, not a verdict: honest answers are not flagged (the tests
-check every exercise's solutions), and an answer that hides its tricks well may not be.
+`ctypes`, signals, assignments to attributes of torch, numpy and the like. Never runs student
+code: answers are only parsed. A flag is a reason to read the answer, not a verdict: honest
+answers are not flagged (the tests check every exercise's solutions), and an answer that hides its
+tricks well may not be.
 """
 import ast
 import threading
 
+from grader.notebooks import grade_id, source_text
+
 PARSING = threading.Lock()      # CPython 3.11's ast.parse is not safe in two threads at once
-
-
-def _grade_id(cell: dict) -> str | None:
-    nbgrader = cell.get("metadata", {}).get("nbgrader", {}) if isinstance(cell, dict) else {}
-    gid = nbgrader.get("grade_id") if isinstance(nbgrader, dict) else None
-    return gid if isinstance(gid, str) else None
-
-
-def _source(cell: dict) -> str:
-    source = cell.get("source", "")
-    return "".join(source) if isinstance(source, list) else str(source)
 
 
 def _as_python(source: str) -> str:
@@ -73,10 +65,10 @@ def review_flags(submission: dict) -> dict[str, list[str]]:
     attributes of torch, numpy and the like."""
     flags: dict[str, set] = {}
     for cell in submission["cells"]:
-        gid = _grade_id(cell)
+        gid = grade_id(cell)
         if cell.get("cell_type") != "code" or not gid or "solution" not in gid:
             continue
-        text = _source(cell)
+        text = source_text(cell)
         found = {why for needle, why in SUSPECT_TEXT.items() if needle in text}
         try:
             with PARSING:

@@ -1,7 +1,8 @@
 """The fabricated submissions that attack the grader, and the honest accidents: the texts of the
-hostile corpus that `tools/autograde.py` (`hostile_corpus`) turns into submissions, graded by
+hostile corpus that grader/fabricate.py (`hostile_corpus`) turns into submissions, graded by
 tests/test_exercises.py and `make grade-demo`. Each group's comment says what it must score.
-Nothing here runs in the grader: these are answer cells, as text.
+Never runs student code: these are answer cells, as text, run only by the grader under test, in
+its sandboxes.
 """
 
 # Each replaces the last part's solution cell (nothing later depends on the last part).

@@ -1,0 +1,163 @@
+"""Notebooks read as data: the instructor's source and release, a student's submission, and the
+grader's own files written in the course. Never runs student code: a notebook is JSON, parsed and
+never executed, and a submission is read without following a symbolic link.
+
+    read_submission(course, student, assignment) -> notebook (a dict)   # refused, with the reason, if unsafe
+    read_notebook(path) -> notebook                                      # the instructor's or the grader's own
+    recovered(submission, release) -> (notebook, cells whose nbgrader metadata came back)
+    grade_id(cell), source_text(cell), part_of(grade id), without_magics(source)
+"""
+import copy
+import json
+import os
+import re
+import stat
+from pathlib import Path
+
+NOTEBOOK_BYTES = 50 * 2**20      # the largest notebook read, submitted or run
+
+
+def grade_id(cell: dict) -> str | None:
+    nbgrader = cell.get("metadata", {}).get("nbgrader", {}) if isinstance(cell, dict) else {}
+    gid = nbgrader.get("grade_id") if isinstance(nbgrader, dict) else None
+    return gid if isinstance(gid, str) else None  # a student may write anything there
+
+
+def source_text(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+# An IPython help line: `torch.nextafter?`, `?torch.nextafter`, `torch.nextafter??`.
+HELP_LINE = re.compile(r"^\s*(\?{1,2}[\w.]+|[\w.]+\?{1,2})\s*(#.*)?$")
+
+
+def without_magics(source: str) -> str:
+    """A cell as plain Python: IPython's %magics, !shell and help (`name?`) lines become comments."""
+    return "\n".join(f"# (not run by the grader) {line}"
+                     if line.lstrip().startswith(("%", "!")) or HELP_LINE.match(line) else line
+                     for line in source.split("\n"))
+
+
+def part_of(test_or_solution_id: str) -> str:
+    return test_or_solution_id.split("_")[0]
+
+
+def parse_notebook(data: bytes) -> dict:
+    if len(data) > NOTEBOOK_BYTES:
+        raise ValueError(f"the notebook is larger than {NOTEBOOK_BYTES // 2**20} MB")
+    try:
+        nb = json.loads(data.decode(errors="replace"))
+    except RecursionError:
+        raise ValueError("the file nests too deeply to be a notebook") from None
+    except ValueError:
+        raise ValueError("the file is not a Jupyter notebook (not JSON)") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise ValueError("the file is not a Jupyter notebook (no list of cells)")
+    nb["cells"] = [c for c in nb["cells"] if isinstance(c, dict)]
+    return nb
+
+
+def read_notebook(path: Path) -> dict:
+    """A notebook of the instructor's (source, release) or of the grader's own making."""
+    if path.stat().st_size > NOTEBOOK_BYTES:
+        raise ValueError(f"the notebook is larger than {NOTEBOOK_BYTES // 2**20} MB")
+    return parse_notebook(path.read_bytes())
+
+
+def submitted_name(course: Path, student: str, assignment: str) -> str:
+    """The file of the submission that is graded: `<assignment>.ipynb` if there is one, else the
+    folder's single notebook whatever its name (Colab's "Save a copy" gives `Copy of
+    <assignment>.ipynb`; a download may add ` (1)`). Hidden files are not notebooks; two or more
+    notebooks, none with the assignment's name, or none at all, are refused with the reason."""
+    folder = course / "submitted" / student / assignment
+    expected = f"{assignment}.ipynb"
+    if os.path.lexists(folder / expected):
+        return expected
+    found = sorted(entry.name for entry in folder.iterdir()
+                   if entry.name.endswith(".ipynb") and not entry.name.startswith("."))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise ValueError(f"the submission holds no notebook (.ipynb file): hand in {expected}")
+    raise ValueError(f"the submission holds {len(found)} notebooks ({', '.join(found[:5])}) and none is "
+                     f"named {expected}: hand in one notebook")
+
+
+def renamed_note(name: str, assignment: str) -> str | None:
+    """What the report says when the graded notebook is not named `<assignment>.ipynb`."""
+    if name == f"{assignment}.ipynb":
+        return None
+    return f"graded {name!r}, the submission's only notebook (not named {assignment}.ipynb)"
+
+
+def read_submission(course: Path, student: str, assignment: str) -> dict:
+    """The submitted notebook (`submitted_name`), read without following a symbolic link: refused
+    if it is one, or a folder on its way is one, or its folder holds one (a link would make the
+    grader read, and show in the feedback, whatever it points to)."""
+    folder = course / "submitted"
+    for name in (student, assignment):
+        folder = folder / name
+        if folder.is_symlink():
+            raise ValueError(f"submitted/{folder.relative_to(course / 'submitted')} is a symbolic link, "
+                             "not a folder: hand in the notebook itself")
+    notebook = folder / submitted_name(course, student, assignment)
+    if notebook.is_symlink():
+        raise ValueError("the submitted notebook is a symbolic link: hand in the notebook itself")
+    for where, folders, files in os.walk(folder):
+        for name in folders + files:
+            if os.path.islink(os.path.join(where, name)):
+                raise ValueError(f"the submission contains a symbolic link ({name}): "
+                                 "hand in the notebook itself, no links")
+    try:
+        fd = os.open(notebook, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as error:
+        if error.errno == 40:  # ELOOP: the notebook itself is a link
+            raise ValueError("the submitted notebook is a symbolic link: hand in the notebook itself") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError("the submitted notebook is not a regular file")
+        return parse_notebook(f.read(NOTEBOOK_BYTES + 1))
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a grader's file in the course, never through a symbolic link."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def recovered(submission: dict, release: dict) -> tuple[dict, int]:
+    """The submission with the nbgrader metadata of each released cell put back on the cell that
+    kept its id but lost the metadata (some editors strip it), and how many cells got it back."""
+    nb = copy.deepcopy(submission)
+    released = {c.get("id"): c for c in release["cells"] if grade_id(c) and isinstance(c.get("id"), str)}
+    present = {grade_id(c) for c in nb["cells"]}
+    count = 0
+    for cell in nb["cells"]:
+        source = released.get(cell.get("id")) if isinstance(cell.get("id"), str) else None
+        if source is not None and grade_id(cell) is None and grade_id(source) not in present:
+            metadata = cell.get("metadata") if isinstance(cell.get("metadata"), dict) else {}
+            cell["metadata"] = {**metadata, "nbgrader": copy.deepcopy(source["metadata"]["nbgrader"])}
+            present.add(grade_id(source))
+            count += 1
+    return nb, count
+
+
+def normalised(submission: dict, release: dict) -> dict:
+    """The submission with each released cell's nbgrader metadata as released, on the first cell
+    that carries its grade_id; removed from duplicates and from cells that never had any."""
+    nb = copy.deepcopy(submission)
+    released = {grade_id(c): c["metadata"]["nbgrader"] for c in release["cells"] if grade_id(c)}
+    seen = set()
+    for cell in nb["cells"]:
+        metadata = cell.setdefault("metadata", {}) if isinstance(cell.get("metadata"), dict) else {}
+        cell["metadata"] = metadata
+        gid = grade_id(cell)
+        metadata.pop("nbgrader", None)
+        if gid in released and gid not in seen:
+            metadata["nbgrader"] = copy.deepcopy(released[gid])
+            seen.add(gid)
+    return nb

@@ -1,0 +1,291 @@
+"""The runs of one student, each in a sandbox of its own (grader.sandbox): the side that runs
+student code. Nothing of a submission runs in this process: it only prepares each run's folder and
+job, starts the sandbox, and reads back what came out of it, as data.
+
+    run_feedback(template, submission, release, assignment, timeout, sandbox, folder) -> (notebook as run or None, why not)
+    hidden_test_job(source, submission, secret, timeout, reference=False) -> the job of grader/hidden_tests.py
+    run_hidden_tests(folder, job, sandbox, timeout) -> (record of each part, None) or (None, why not)
+
+1. The feedback run: the submitted notebook runs under nbgrader against the *release* (visible
+   tests only), in a copy of a course that holds nothing but the release (`template_course`), so
+   the feedback shows the student's outputs and ticks; the notebook as run comes back over a
+   pipe, as data. No grade depends on this run, and it stops after `feedback_seconds(timeout)`
+   whatever the number of cells.
+2. The student's hidden-test run: grader/hidden_tests.py runs each part's test cell, hidden tests
+   included, from the instructor's source less its expected values (`without_expected`), on the
+   student's answer cells only; the job goes in on its stdin, the record comes out on the result
+   pipe.
+3. The reference run: the same tests, expected values kept, on the instructor's solution cells,
+   with the same secret.
+
+Every sandbox sees the system's /usr, the Python environment, the course library (`mpcourse/`
+only, never `grader/`) and the files of its run, as an unprivileged user with a cleared
+environment, RAM-backed /tmp the only writable place, limits on processes, memory, CPU and
+wall-clock time (grader/sandbox.py).
+"""
+import ast
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from grader import sandbox as sandboxing
+from grader.course import ENV, ROOT, nbgrader_command
+from grader.notebooks import grade_id, parse_notebook, part_of, source_text, without_magics
+from grader.review_flags import PARSING  # one lock: ast.parse is not thread-safe in 3.11
+
+HIDDEN_TESTS = Path(__file__).resolve().parent / "hidden_tests.py"  # copied, alone, into its sandbox
+
+
+class NoSandbox(RuntimeError):
+    pass
+
+
+# --- the sandbox --------------------------------------------------------------------------
+
+def sandbox_problem() -> str | None:
+    """Why this machine cannot sandbox, or None if it can (grader/sandbox.py)."""
+    return sandboxing.problem()
+
+
+def feedback_seconds(timeout: int) -> int:
+    """Wall-clock limit of a whole feedback run: fixed, whatever the number of cells (each cell
+    also stops after `timeout`)."""
+    return 60 + 3 * timeout
+
+
+def python_environment() -> list[Path]:
+    """What a sandbox shows of the grader's Python: the environment, its base installation and
+    the course library (only `mpcourse/` of the repository)."""
+    shown = {Path(sys.prefix), Path(sys.base_prefix).resolve(), Path(sys.executable).resolve().parent.parent,
+             ROOT / "mpcourse"}
+    return sorted(p for p in shown if p.is_dir())
+
+
+def run_sandboxed(command: list[str], *, folder: Path, limits, sandbox: bool, stdin: bytes = b""):
+    """grader/sandbox.py's run, with the Python environment shown and the library importable. The
+    sandbox sees what `folder` holds, read-only, as $GRADING (/grading), and writes in $WORK (/tmp)."""
+    host = folder
+    files = {f"/grading/{entry.name}": entry for entry in sorted(folder.iterdir())}
+    return sandboxing.run(command, show=python_environment(), files=files, limits=limits, stdin=stdin,
+                          env={"PYTHONPATH": str(ROOT), "GRADING": "/grading" if sandbox else str(host),
+                               "WORK": "/tmp" if sandbox else str(host / "work"), **threads(limits)}, sandbox=sandbox)
+
+
+def threads(limits) -> dict:
+    """As many maths threads as the sandbox has CPUs (`limits.cpus`, its cgroup's share): torch,
+    OpenMP, MKL and OpenBLAS would otherwise start one per core of the machine, and threads beyond
+    the share only wait for each other, slowing an honest part when students are graded side by side."""
+    count = str(max(1, int(limits.cpus)))
+    return {name: count for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+
+
+class BrokenEnvironment(RuntimeError):
+    pass
+
+
+ENVIRONMENT_CHECKED: set = set()  # (sandbox, ROOT) found able to grade in this process
+
+
+def environment_problem(sandbox: bool) -> str | None:
+    """Why the course's Python cannot grade inside a sandbox (it cannot import mpcourse, torch or
+    nbgrader there), or None. Checked before anyone is graded: otherwise every student comes out
+    "NOT GRADED: No module named ..." after a full run."""
+    check = "import mpcourse, torch, nbgrader"
+    if (sandbox, ROOT) in ENVIRONMENT_CHECKED:
+        return None
+    with tempfile.TemporaryDirectory(prefix="grading-check-") as scratch:
+        (Path(scratch) / "work").mkdir()
+        run = run_sandboxed(["python", "-c", check], folder=Path(scratch), limits=sandboxing.Limits(180, 180),
+                            sandbox=sandbox)
+    if run.returncode == 0:
+        ENVIRONMENT_CHECKED.add((sandbox, ROOT))
+        return None
+    lines = (run.stderr or run.stdout).strip().splitlines() or [f"it was stopped ({run.killed or 'no message'})"]
+    return (f"inside the sandbox, the course's Python ({sys.executable}) cannot run `{check}`: {lines[-1]}. "
+            f"A sandbox shows only that Python's environment ({sys.prefix}), its base installation and "
+            f"{ROOT / 'mpcourse'}: install torch and nbgrader into that environment itself (not a user "
+            "site-packages folder or an editable install elsewhere), and run `python -m grader` from "
+            "the repository whose mpcourse/ the course uses")
+
+
+def defined_names(source: str) -> set[str]:
+    """Top-level names a cell defines (nothing is executed: the source is only parsed)."""
+    try:
+        with PARSING:
+            tree = ast.parse(without_magics(source))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # code that cannot be parsed
+        return set()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def used_names(source: str) -> set[str]:
+    try:
+        with PARSING:
+            tree = ast.parse(without_magics(source))
+        return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # code that cannot be parsed
+        return set()
+
+
+CHECKS_WITH_EXPECTED = {"assert_close", "assert_equal"}
+
+
+def without_expected(test: str) -> str:
+    """A test cell with the expected value of every `assert_close` and `assert_equal` check
+    replaced by None: the student's process never holds one, so it cannot record it as its own
+    answer (the reference's run keeps them; grader/judge.py compares)."""
+    class Strip(ast.NodeTransformer):
+        def visit_Call(self, node):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            for child in [*node.args, *node.keywords]:
+                self.visit(child)
+            if isinstance(node.func, ast.Attribute):
+                self.visit(node.func.value)
+            if name in CHECKS_WITH_EXPECTED:
+                if len(node.args) > 2 or any(k.arg is None for k in node.keywords) or any(
+                        isinstance(a, ast.Starred) for a in node.args):
+                    raise ValueError(f"line {node.lineno}: call {name} as {name}(actual, expected, ...): "
+                                     "the grader must find its expected value to remove it")
+                if len(node.args) >= 2:
+                    node.args[1] = ast.Constant(None)
+                node.keywords = [ast.keyword("expected", ast.Constant(None)) if k.arg == "expected" else k
+                                 for k in node.keywords]
+            return node
+
+        def visit_Name(self, node):  # `check = grading.assert_close` would hide a call from the grader
+            if node.id in CHECKS_WITH_EXPECTED:
+                raise ValueError(f"line {node.lineno}: {node.id} is used other than called")
+            return node
+
+        def visit_alias(self, node):
+            if node.name in CHECKS_WITH_EXPECTED and node.asname not in (None, node.name):
+                raise ValueError(f"{node.name} is imported as {node.asname}: call it by its name")
+            return node
+
+        def visit_Attribute(self, node):
+            if node.attr in CHECKS_WITH_EXPECTED:
+                raise ValueError(f"line {node.lineno}: {node.attr} is used other than called")
+            self.generic_visit(node)
+            return node
+    with PARSING:
+        tree = ast.parse(test)
+    return ast.unparse(ast.fix_missing_locations(Strip().visit(tree)))
+
+
+def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *, reference: bool = False) -> dict:
+    """What grader/hidden_tests.py needs: the instructor's set-up and test cells, and per part the
+    student's answer cells it depends on (its own, and earlier parts' that define a name it uses).
+    The test cells lose their expected values (`without_expected`) unless `reference` (the job of
+    the instructor's solution, `submission` then being the source)."""
+    cells = {grade_id(c): c for c in source["cells"] if grade_id(c)}
+    solutions = [g for g, c in cells.items() if c["metadata"]["nbgrader"].get("solution")]
+    tests = [g for g, c in cells.items() if c["metadata"]["nbgrader"].get("grade") and c.get("cell_type") == "code"]
+    answers = [(grade_id(c), without_magics(source_text(c))) for c in submission["cells"]
+               if c.get("cell_type") == "code" and grade_id(c) in solutions]
+    order = [part_of(t) for t in tests]
+    parts = []
+    for test in tests:
+        part = part_of(test)
+        expected = set().union(*[defined_names(source_text(cells[g])) for g in solutions
+                                 if order.index(part_of(g)) <= order.index(part)])
+        needed, wanted = {part}, used_names(source_text(cells[test]))
+        for g in solutions:
+            if part_of(g) == part:
+                wanted |= used_names(source_text(cells[g]))
+        wanted |= set().union(*[used_names(src) for g, src in answers if part_of(g) == part])
+        for earlier in reversed(order[:order.index(part)]):  # later parts first: they may use earlier ones
+            mine = [src for g, src in answers if part_of(g) == earlier]
+            theirs = [source_text(cells[g]) for g in solutions if part_of(g) == earlier]
+            if wanted & set().union(*map(defined_names, mine + theirs)):
+                needed.add(earlier)
+                wanted |= set().union(*map(used_names, mine + theirs))
+        parts.append({"test_id": test, "names": sorted(expected),
+                      "cells": [[g, src] for g, src in answers if part_of(g) in needed],
+                      "test": source_text(cells[test]) if reference else without_expected(source_text(cells[test]))})
+    return {"secret": secret, "timeout": timeout, "setup": source_text(cells["setup"]), "parts": parts}
+
+
+def template_course(course: Path, assignment: str, scratch: Path) -> Path:
+    """A course holding only the release of `assignment` and a gradebook made from it: what each
+    student's sandbox gets (no hidden test, no other student, not the real gradebook)."""
+    template = scratch / "template"
+    template.mkdir(parents=True)
+    config = (ROOT / "nbgrader_config.py").read_text()  # without the secret: the sandbox gets this copy
+    (template / "nbgrader_config.py").write_text("".join(line for line in config.splitlines(keepends=True)
+                                                         if "HiddenTests" not in line))
+    shutil.copytree(course / "exercises" / assignment, template / "solutions" / assignment)
+    result = subprocess.run(nbgrader_command("generate_assignment", assignment, "--force"), cwd=template,
+                            env=ENV, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"could not prepare the release of {assignment}:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    shutil.rmtree(template / "exercises")
+    return template
+
+
+# Runs in the sandbox: the release's course, the student's notebook under a neutral name, nbgrader;
+# the notebook as run leaves on fd 3 (a pipe), the only way anything comes back.
+FEEDBACK_RUN = r"""
+mkdir -p "$WORK" && cp -r "$GRADING/template" "$WORK/course" || exit 98
+mkdir -p "$WORK/course/submitted/student/$0" || exit 98
+cp "$GRADING/submission.ipynb" "$WORK/course/submitted/student/$0/$0.ipynb" || exit 98
+cd "$WORK/course" && python -m nbgrader autograde "$0" --student student --force "--Execute.timeout=$1" >&2
+cat "autograded/student/$0/$0.ipynb" >&3
+"""
+
+
+def feedback_limits(timeout: int) -> "sandboxing.Limits":
+    seconds = feedback_seconds(timeout)
+    return sandboxing.Limits(seconds=seconds, cpu_seconds=seconds)
+
+
+def run_feedback(folder: Path, template: Path, notebook: dict, assignment: str, timeout: int,
+                 sandbox: bool) -> tuple[dict | None, str | None]:
+    """(the notebook as run, None) from `nbgrader autograde` of `notebook` against the release
+    (`template`) in a sandbox of its own, or (None, why not). The notebook comes back over the
+    result pipe: data to sanitise, nothing to trust."""
+    folder.mkdir()
+    shutil.copytree(template, folder / "template")
+    (folder / "submission.ipynb").write_text(json.dumps(notebook))
+    run = run_sandboxed(["/bin/sh", "-c", FEEDBACK_RUN, assignment, str(timeout)], folder=folder,
+                        limits=feedback_limits(timeout), sandbox=sandbox)
+    try:
+        return parse_notebook(run.result), None  # data from the pipe, never a file it could replace
+    except ValueError:
+        return None, (f"ran past the {feedback_seconds(timeout)} s allowed for the whole notebook" if run.killed == "time"
+                      else "used more than its CPU time" if run.killed else f"failed ({run.stderr[-300:]})")
+
+
+def hidden_test_limits(parts: int, timeout: int) -> "sandboxing.Limits":
+    """Each part stops after `timeout` s of CPU time or 4x that of wall-clock time (hidden_tests.py);
+    parts: the instructor's, not the student's."""
+    return sandboxing.Limits(seconds=60 + 4 * parts * timeout, cpu_seconds=60 + parts * (timeout + 3))
+
+
+def run_hidden_tests(folder: Path, job: dict, sandbox: bool, timeout: int) -> tuple[dict | None, str | None]:
+    """(record of each part, None) from grader/hidden_tests.py run on `job` in a sandbox of its own, or
+    (None, why not). The record leaves on the result pipe, as JSON: data, never code. Both runs hash
+    strings alike (PYTHONHASHSEED=0), so a test that walks a set checks in the same order in each."""
+    folder.mkdir()
+    shutil.copy(HIDDEN_TESTS, folder / "hidden_tests.py")
+    run = run_sandboxed(["/bin/sh", "-c", 'exec env PYTHONHASHSEED=0 python "$GRADING/hidden_tests.py" - >&3 3>&-'], folder=folder,
+                        limits=hidden_test_limits(len(job["parts"]), timeout), sandbox=sandbox,
+                        stdin=json.dumps({**job, "sandboxed": sandbox}).encode())
+    line = run.result.decode(errors="replace").strip().rsplit("\n", 1)[-1] if run.returncode == 0 else ""
+    if not line.startswith("RESULT "):
+        return None, ("ran out of time" if run.killed else f"failed: {(run.stderr or run.stdout)[-500:]}")
+    try:
+        return json.loads(line.removeprefix("RESULT ")), None
+    except (ValueError, RecursionError):
+        return None, "sent back a damaged record"
