@@ -144,6 +144,7 @@ class Paired:
     sd: float
     t: float
     p: float
+    unit: str = "seeds"  # what the pairs are: "seeds", or "batches" for one model on many batches
 
     LEVEL = 0.05  # two-sided significance level of ``beyond_noise``
 
@@ -177,18 +178,20 @@ class Paired:
     def __str__(self) -> str:
         """One line for the reader: ``"+0.0120 ± 0.0040 (mean ± sd over 5 paired seeds; t = 6.71,
         p = 0.0026): beyond noise"``."""
-        return (f"{self.mean:+.3g} ± {self.sd:.2g} (mean ± sd over {len(self.seeds)} paired seeds; "
+        return (f"{self.mean:+.3g} ± {self.sd:.2g} (mean ± sd over {len(self.seeds)} paired {self.unit}; "
                 f"t = {self.t:.2f}, p = {self.p:.2g}): {self.verdict}")
 
 
-def paired_difference(run_a, run_b, seeds=(0, 1, 2, 3, 4)) -> Paired:
+def paired_difference(run_a, run_b, seeds=(0, 1, 2, 3, 4), *, unit: str = "seeds") -> Paired:
     """Compare two runs that share their seeds: ``run_a(seed) - run_b(seed)``, tested with a
     paired t-test over ``seeds`` (at least three).
 
     ``run_a`` and ``run_b`` are functions ``run(seed) -> number`` that draw *the same* initial
     weights and batch order from ``seed`` (only the thing compared, a format or a recipe, differs
     between them), or the outcomes already measured, one per seed in the order of ``seeds``. The
-    global random states are restored afterwards, as in :func:`seed_spread`.
+    global random states are restored afterwards, as in :func:`seed_spread`. ``unit`` names what
+    the pairs are in the generated sentence: ``"seeds"``, or e.g. ``"batches"`` when ``seeds``
+    are batch indices (one model measured on the same batches two ways).
 
     >>> result = paired_difference(lambda s: [0.50, 0.61, 0.42][s] + 0.01, lambda s: [0.50, 0.61, 0.42][s],
     ...                            seeds=(0, 1, 2))
@@ -206,7 +209,9 @@ def paired_difference(run_a, run_b, seeds=(0, 1, 2, 3, 4)) -> Paired:
         from scipy.stats import t as student_t
         t = mean / (sd / math.sqrt(n))
         p = float(2 * student_t.sf(abs(t), n - 1))
-    return Paired(seeds=seeds, a=a, b=b, differences=differences, mean=mean, sd=sd, t=t, p=p)
+    if not isinstance(unit, str) or not unit:
+        raise TypeError(f"unit names what the pairs are (e.g. \"batches\"), got {unit!r}")
+    return Paired(seeds=seeds, a=a, b=b, differences=differences, mean=mean, sd=sd, t=t, p=p, unit=unit)
 
 
 def beyond_noise(difference, spread: Spread | None = None) -> bool:

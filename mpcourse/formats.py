@@ -21,7 +21,9 @@ them only after checking, once per device, that they do on every boundary case
 dtype for (FP32, BF16, FP16, E4M3, E5M2; the places where the cast differs on purpose, E4M3
 overflow saturating and float64 rounded twice through float32, are handled around it), and
 ``round(|x| / gap) * gap`` in float arithmetic for the other signed formats with subnormals (TF32,
-FP6, FP4). NumPy input goes through the same code.
+FP6, FP4), and for stochastic rounding into any signed format with subnormals (``floor(|x| / gap)``
+plus one step with probability equal to the fractional part: the same numbers as the bit-level
+algorithm, from the same random draws). NumPy input goes through the same code.
 """
 from __future__ import annotations
 
@@ -368,7 +370,7 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
             ``"cast"``: torch's own cast (rounding to nearest into FP32, BF16, FP16, E4M3 or
             E5M2 only), with the fixes that make it give the same numbers. ``"gaps"``:
             float arithmetic, ``round(|x| / gap) * gap`` (:func:`_round_by_gaps`; signed formats
-            with subnormals, rounding to nearest or toward zero). ``"auto"``: the first of
+            with subnormals, any rounding; stochastic from the same draws). ``"auto"``: the first of
             "cast" and "gaps" that applies and has been checked on this device to agree with
             the bit-level algorithm (:func:`_fast_path_agrees`), else "bits". All give the same
             numbers.
@@ -415,7 +417,8 @@ def round_to(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, 
         out = _in_pieces(t, lambda piece, target: _round_by_torch_cast(piece, fmt, _torch_dtype(fmt),
                                                                        saturate, target))
     elif method == "gaps":
-        out = _in_pieces(t, lambda piece, target: _round_by_gaps(piece, fmt, rounding, saturate, target))
+        out = _in_pieces(t, lambda piece, target: _round_by_gaps(piece, fmt, rounding, saturate, target,
+                                                                 uniform))
     else:
         out = _round_bit_level(t, fmt, rounding, saturate, uniform)
     return out.numpy() if is_numpy else out
@@ -539,32 +542,42 @@ _NAN_PATTERNS = {
 _FAST_PATHS = {
     "cast": "it needs rounding='nearest_even' and a format torch has a dtype for "
             f"({', '.join(f.name for f in _CAST_FORMATS)})",
-    "gaps": "it needs a signed format with subnormals and rounding='nearest_even' or 'toward_zero'",
+    "gaps": "it needs a signed format with subnormals",
 }
 
 
 def _applies(method: str, fmt: FloatFormat, rounding: str) -> bool:
     if method == "cast":
         return rounding == "nearest_even" and _torch_dtype(fmt) is not None
-    return rounding in ("nearest_even", "toward_zero") and fmt.signed and fmt.has_subnormals
+    return fmt.signed and fmt.has_subnormals
 
 
 def _round_by_gaps(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: bool,
-                   out: torch.Tensor) -> torch.Tensor:
+                   out: torch.Tensor, uniform=None) -> torch.Tensor:
     """Write round_to(x, fmt, ...) into ``out`` with the carrier's own float arithmetic.
 
     Around ``|x|`` in ``[2**e, 2**(e+1))`` the format's values are the multiples of
     ``gap = 2**(max(e, emin) - M)`` (``max``: one spacing for the whole subnormal range), so
     ``round(|x| / gap) * gap`` is the rounded value: dividing by a power of two and multiplying
     back are exact, and ``torch.round`` rounds half to even (``torch.trunc``: toward zero).
+    Stochastic rounding takes ``floor(|x| / gap)`` and one step more when a draw of
+    ``uniform`` (one per element, as the bit-level path draws them) is below the fractional
+    part, which is exact: the same rule, on the same draws, as :func:`_round_magnitudes`.
     """
     c = _carrier_for(x.dtype, fmt)
     x = x.to(c.dtype)
     a = x.abs()
-    e = torch.frexp(a).exponent - 1                            # a in [2**e, 2**(e+1))
-    gap = torch.ldexp(torch.ones_like(a), torch.clamp(e, min=fmt.emin) - fmt.mantissa_bits)
+    # 2**e for a in [2**e, 2**(e+1)): a's bits with the significand cleared (0 for a carrier
+    # subnormal, inf for inf and NaN), at least 2**emin, times 2**-M: all exact powers of two.
+    power = (a.view(c.int_dtype) & c.inf_bits).view(c.dtype)
+    gap = torch.clamp(power, min=2.0 ** fmt.emin) * 2.0 ** -fmt.mantissa_bits
+    gap = torch.where(torch.isinf(power), 1.0, gap)            # inf and NaN: steps = a itself
     steps = a / gap
-    y = (torch.round(steps) if rounding == "nearest_even" else torch.trunc(steps)) * gap
+    if rounding == "stochastic":
+        below = torch.floor(steps)
+        y = (below + (uniform(a.shape) < steps - below)) * gap   # up with probability = fraction
+    else:
+        y = (torch.round(steps) if rounding == "nearest_even" else torch.trunc(steps)) * gap
     # Overflow (and infinite input), by the same rules as the bit-level path.
     if saturate or not (fmt.has_infinity or fmt.has_nan):
         overflow = fmt.max_value
@@ -585,11 +598,14 @@ def _agrees_on(method: str, fmt: FloatFormat, rounding: str, device: torch.devic
     x = _probe_inputs(fmt, dtype).to(device)
     for saturate in (False, True):
         fast = torch.empty_like(x, dtype=torch.float32)
+        draws = {path: torch.Generator(device).manual_seed(0) for path in ("fast", "exact")}
+        def uniform(path):  # stochastic rounding: the same draws for both paths
+            return lambda shape: torch.rand(shape, dtype=torch.float64, device=device, generator=draws[path])
         if method == "cast":
             _round_by_torch_cast(x, fmt, _torch_dtype(fmt), saturate, fast)
         else:
-            _round_by_gaps(x, fmt, rounding, saturate, fast)
-        exact = _round_bit_level(x, fmt, rounding, saturate, None)
+            _round_by_gaps(x, fmt, rounding, saturate, fast, uniform("fast"))
+        exact = _round_bit_level(x, fmt, rounding, saturate, uniform("exact"))
         same_bits = fast.view(torch.int32) == exact.view(torch.int32)  # -0.0 is not 0.0
         if not bool((same_bits | (fast.isnan() & exact.isnan())).all()):
             return False

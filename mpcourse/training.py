@@ -347,8 +347,11 @@ class DeviceProfile:
 
     ``kind``: ``"cuda"``, ``"cpu"`` (anything else gets FP32); ``capability``: the CUDA compute
     capability; ``fp8_matmul``: whether ``torch._scaled_mm`` runs on it (checked by :meth:`detect`,
-    assumed from 8.9 on otherwise); ``cpu_bf16``: the CPU's BF16 matrix instructions
-    (``"AVX512_BF16"``, ``"AVX512_BF16 and AMX"``, ``"ARM BF16"``), None without any.
+    assumed from 8.9 on otherwise); ``cpu_bf16``: the CPU's BF16 instructions, None without any:
+    ``"AVX512_BF16"`` (x86 *vector* instructions: BF16 dot products into FP32 lanes, and
+    conversions), ``"AVX512_BF16 and AMX"`` (also AMX-BF16, the *matrix* instructions that
+    multiply whole tiles), ``"ARM BF16"`` (the ARMv8.6 BF16 extension: dot products and a small
+    matrix multiply, BFMMLA). :attr:`cpu_bf16_description` says which in words.
     """
 
     kind: str
@@ -356,6 +359,14 @@ class DeviceProfile:
     capability: tuple[int, int] | None = None
     fp8_matmul: bool | None = None
     cpu_bf16: str | None = None
+
+    @property
+    def cpu_bf16_description(self) -> str | None:
+        """``cpu_bf16`` in words: which kind of BF16 instructions the CPU has (None: none)."""
+        return {"AVX512_BF16": "AVX512_BF16: vector dot products, no AMX matrix tiles",
+                "AVX512_BF16 and AMX": "AVX512_BF16 vector dot products and AMX-BF16 matrix tiles",
+                "ARM BF16": "the ARM BF16 extension: dot products and BFMMLA matrix multiplies",
+                }.get(self.cpu_bf16, self.cpu_bf16)
 
     def __post_init__(self):
         if self.kind == "cuda":
@@ -423,8 +434,9 @@ def _cpu_name() -> str:
 
 
 def _cpu_bf16_instructions() -> str | None:
-    """The CPU's native BF16 matrix instructions, as PyTorch reports them (private helpers, so
-    each is asked for carefully); None where it has none."""
+    """The CPU's native BF16 instructions, as PyTorch reports them (private helpers, so each is
+    asked for carefully): AVX512_BF16 (vector), AMX (matrix tiles), ARM BF16; None where it has
+    none."""
     def ask(name, where=torch.cpu):
         try:
             return bool(getattr(where, name)())
@@ -566,12 +578,12 @@ def _select_cuda(profile: DeviceProfile, allow_fp8: bool) -> PrecisionChoice:
 def _select_cpu(profile: DeviceProfile) -> PrecisionChoice:
     reasons = [f"CPU: {profile.name or 'unknown model'}."]
     if profile.cpu_bf16 and "AMX" in profile.cpu_bf16:
-        reasons.append(f"It has AMX, BF16 matrix tiles ({profile.cpu_bf16}): oneDNN runs large BF16 "
+        reasons.append(f"It has AMX, BF16 matrix tiles ({profile.cpu_bf16_description}): oneDNN runs large BF16 "
                        f"matrix products on them, faster than FP32, and BF16 autocast stores most "
                        f"activations in 16 bits; no loss scaler is needed.")
         return PrecisionChoice("bf16", tuple(reasons), profile, fallback="fp32")
     if profile.cpu_bf16:
-        reasons.append(f"It has BF16 instructions ({profile.cpu_bf16}) but no AMX: oneDNN runs BF16 "
+        reasons.append(f"It has BF16 instructions ({profile.cpu_bf16_description}) but no AMX: oneDNN runs BF16 "
                        f"matrix products natively, yet not reliably faster than FP32 (on an "
                        f"AVX512_BF16 Xeon without AMX they can be slower), so train in FP32; BF16 "
                        f"autocast saves activation memory, and a timed large matrix product shows "

@@ -170,6 +170,16 @@ def test_paired_difference_takes_outcomes_already_measured_in_the_order_of_the_s
     assert measured == called
 
 
+def test_the_sentence_names_what_the_pairs_are():
+    over_seeds = paired_difference([1.0, 2.0, 3.5], [0.9, 1.8, 3.45], seeds=(7, 8, 9))
+    over_batches = paired_difference([1.0, 2.0, 3.5], [0.9, 1.8, 3.45], seeds=(7, 8, 9), unit="batches")
+    assert "over 3 paired seeds;" in str(over_seeds)
+    assert "over 3 paired batches;" in str(over_batches) and "seeds" not in str(over_batches)
+    assert over_batches.p == over_seeds.p
+    with pytest.raises(TypeError, match="unit names what the pairs are"):
+        paired_difference([1.0, 2.0, 3.5], [0.9, 1.8, 3.45], seeds=(7, 8, 9), unit="")
+
+
 def test_a_difference_the_same_on_every_seed_is_certain_and_none_at_all_is_no_difference():
     same = paired_difference([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], seeds=(0, 1, 2))
     assert (same.t, same.p, same.beyond_noise, same.verdict) == (0.0, 1.0, False, "within noise")

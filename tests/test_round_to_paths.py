@@ -69,6 +69,26 @@ def test_gap_arithmetic_path_equals_the_bit_level_path(fmt, dtype, rounding):
         assert agree.all(), f"{(~agree).sum()} differences, first at x={x[~agree][:3]}"
 
 
+@pytest.mark.parametrize("fmt, dtype", [(f, np.float32) for f in GAP_FORMATS]
+                         + [(E2M1, np.float64), (TF32, np.float64)],  # float64 carries these
+                         ids=lambda v: getattr(v, "name", getattr(v, "__name__", str(v))))
+def test_stochastic_rounding_by_gap_arithmetic_equals_the_bit_level_path_draw_for_draw(fmt, dtype):
+    """The same generator state gives the same numbers on both paths: one draw per element, in
+    the same order, and the same rule (up when the draw is below the fraction of the gap)."""
+    x = inputs(fmt, dtype)
+    for saturate in (False, True):
+        gaps = round_to(x, fmt, saturate=saturate, rounding="stochastic", method="gaps",
+                        generator=np.random.default_rng(7))
+        bits = round_to(x, fmt, saturate=saturate, rounding="stochastic", method="bits",
+                        generator=np.random.default_rng(7))
+        agree = same_bits(gaps, bits)
+        assert agree.all(), f"{(~agree).sum()} differences, first at x={x[~agree][:3]}"
+    t = torch.from_numpy(x)
+    a = round_to(t, fmt, rounding="stochastic", method="gaps", generator=torch.Generator().manual_seed(3))
+    b = round_to(t, fmt, rounding="stochastic", method="bits", generator=torch.Generator().manual_seed(3))
+    assert same_bits(a.numpy(), b.numpy()).all()
+
+
 @pytest.mark.parametrize("fmt", CAST_FORMATS, ids=ids)
 def test_nan_of_any_payload_stays_nan_on_both_paths(fmt):
     x = NAN_BITS_32.view(np.float32)
@@ -135,8 +155,11 @@ def test_auto_uses_the_gap_arithmetic_for_the_formats_torch_has_no_dtype_for(fmt
     round_to(np.float32([1.0, 3.0]), fmt)
     assert calls
     calls.clear()
-    round_to(np.float32([1.0, 3.0]), fmt, rounding="stochastic")
+    round_to(np.float32([1.0, 3.0]), fmt, rounding="stochastic")  # stochastic, from the same draws
+    assert calls and formats._fast_path_agrees("gaps", fmt, "stochastic", torch.device("cpu"), False)
+    calls.clear()
     round_to(np.float32([1.0]), E8M0)  # unsigned, no subnormals: the bit-level path
+    round_to(np.float32([1.0]), E8M0, rounding="stochastic")
     assert not calls
 
 
@@ -172,8 +195,8 @@ def test_a_method_that_does_not_apply_is_a_clear_error():
         round_to(np.float32([1.0]), BF16, method="cast", rounding="toward_zero")
     with pytest.raises(ValueError, match="method='gaps' does not apply to e8m0"):
         round_to(np.float32([1.0]), E8M0, method="gaps")
-    with pytest.raises(ValueError, match="rounding='stochastic'"):
-        round_to(np.float32([1.0]), E2M1, method="gaps", rounding="stochastic")
+    with pytest.raises(ValueError, match="method='gaps' does not apply to e8m0"):
+        round_to(np.float32([1.0]), E8M0, method="gaps", rounding="stochastic")
     with pytest.raises(ValueError, match="unknown method"):
         round_to(np.float32([1.0]), BF16, method="fast")
     assert math.isnan(round_to(math.nan, E4M3, method="cast"))

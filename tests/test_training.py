@@ -342,6 +342,10 @@ def test_select_precision_fp8_needs_a_working_scaled_mm():
 def test_select_precision_on_cpus():
     assert select_precision(DeviceProfile("cpu", "Sapphire Rapids", cpu_bf16="AVX512_BF16 and AMX")
                             ).precision == "bf16"
+    # AVX512_BF16 is a vector extension (dot products); the matrix instructions are AMX's
+    vector_only = select_precision(DeviceProfile("cpu", "Cooper Lake", cpu_bf16="AVX512_BF16"))
+    assert vector_only.precision == "fp32" and "vector dot products, no AMX matrix tiles" in vector_only.reasons[1]
+    assert not any("matrix instructions" in r for r in vector_only.reasons)
     plain = select_precision(DeviceProfile("cpu", "an older CPU"))
     assert plain.precision == "fp32" and "No BF16" in plain.reasons[-1]
     # BF16 instructions without AMX: native, but not reliably faster than FP32 (slower on the
