@@ -235,8 +235,9 @@ def cross_entropy_fp32(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
     ``m = z_t``, the first term is exactly 0 and the whole loss is the ``log1p`` of a small sum,
     kept to FP32's *relative* precision at any margin. The usual ``z_t - (m + log Σ_j
     exp(z_j - m))`` adds the small ``log Σ`` to the large ``m`` first and loses it: with a
-    margin of 20.5 over 999 classes the loss is 1.2e-6, half an ulp of 20.5 is 9.5e-7, and it
-    returns exactly 0. ``F.cross_entropy(logits.float(), targets)`` (``(z_t - m) - log Σ``)
+    margin of 20.5 over 999 classes the loss is 1.2e-6, but ``Σ``, stored in FP32 just above 1,
+    has a ``log`` of 8.3e-7, below half an ulp of 20.5 (9.5e-7), and it returns exactly 0 (an
+    exact 1.2e-6 would have survived the addition). ``F.cross_entropy(logits.float(), targets)`` (``(z_t - m) - log Σ``)
     keeps such losses to FP32's *absolute* precision near 1 (about 6e-8), so the two agree up to
     that; on CUDA, autocast runs ``cross_entropy`` and ``log_softmax`` in FP32. Taking ``log`` of
     an FP16 softmax instead gives ``-inf`` for every probability below ``2**-25`` that rounded to

@@ -326,8 +326,10 @@ def _fp16_loss_scale(rows, grad_values):
     if lo > hi:
         return None, (f"the gradients span more than FP16's range: lifting all but 1% of them above "
                       f"2^-25 (a scale of at least 2^{lo}) overflows the largest, {largest:.3g}")
-    lost = _format_shares(magnitudes * 2.0**(lo - 1), fp16)["underflow"]
+    lost = 100 * _format_shares(magnitudes * 2.0**(lo - 1), fp16)["underflow"]
+    shown = next(f"{lost:.{d}f}%" for d in range(2, 17) if round(lost, d) > 1)  # never a "1.00%"
     return (2.0**lo, 2.0**hi), (
-        f"at 2^{lo} at most 1% of the non-zero gradient elements round to zero in FP16 (at "
-        f"2^{lo - 1}, {lost:.1%}); at 2^{hi} the largest gradient, {largest:.3g}, stays below "
-        f"65520 (at 2^{hi + 1} it overflows)")
+        f"at 2^{lo} at most 1% of the non-zero gradient elements (the modules' output gradients "
+        f"and the weight gradients, on the batch given) round to zero in FP16 (at 2^{lo - 1}, "
+        f"{shown}); at 2^{hi} the largest gradient, {largest:.3g}, stays below 65520 (at "
+        f"2^{hi + 1} it overflows)")

@@ -207,8 +207,8 @@ def test_cross_entropy_fp32_matches_torch_and_survives_fp16_logits():
 @pytest.mark.parametrize("margin", [20.5, 22.0])
 def test_cross_entropy_fp32_keeps_small_losses_of_confident_right_answers(margin, dtype):
     """The target wins by ``margin`` over 999 classes at 0: the loss is log(1 + 999 e^-margin),
-    about 1.2e-6 at 20.5, which z_t - (m + log Σ) rounds to exactly 0 (20.5 + 1.2e-6 is 20.5 in
-    FP32). Compared with the same logits in float64, and never worse than F.cross_entropy."""
+    about 1.2e-6 at 20.5, which z_t - (m + log Σ) rounds to exactly 0 (FP32's log Σ is 8.3e-7,
+    below half an ulp of 20.5). Compared with the same logits in float64, and never worse than F.cross_entropy."""
     logits = torch.zeros(2, 1000)
     logits[0, 0] = logits[1, 3] = margin
     logits = logits.to(dtype)
@@ -220,6 +220,23 @@ def test_cross_entropy_fp32_keeps_small_losses_of_confident_right_answers(margin
     assert loss.item() == pytest.approx(exact, rel=1e-5)
     torch_error = abs(F.cross_entropy(logits.float(), targets).item() - exact)
     assert abs(loss.item() - exact) <= torch_error + 1e-6 * exact
+
+
+def test_cross_entropy_fp32_docstring_gives_the_mechanism_that_loses_the_usual_form():
+    """Margin 20.5 over 999 classes: the exact loss, 1.2e-6, is above half an ulp of 20.5, so an
+    exact log Σ would survive m + log Σ; what loses it is FP32's log of Σ stored just above 1,
+    8.3e-7, below half an ulp. The docstring states those numbers."""
+    z = torch.zeros(1000)
+    z[0] = 20.5
+    m = z.max()
+    log_sum = torch.exp(z - m).sum().log()
+    half_ulp = (torch.nextafter(m, torch.tensor(21.0)) - m).item() / 2
+    exact = math.log1p(999 * math.exp(-20.5))
+    assert exact > half_ulp and (m + torch.tensor(exact)).item() > 20.5
+    assert log_sum.item() < half_ulp and (z[0] - (m + log_sum)).item() == 0
+    doc = " ".join(cross_entropy_fp32.__doc__.split())
+    for value in (exact, log_sum.item(), half_ulp):
+        assert f"{value:.1e}".replace("e-0", "e-") in doc
 
 
 def test_cross_entropy_fp32_at_every_margin_and_in_float64():

@@ -3,6 +3,7 @@ activations and gradients fit (overflow / needs loss scaling / ok), which module
 which FP16 loss scales work, on models it was not tuned on; the model and the RNG untouched."""
 import copy
 import math
+import re
 
 import matplotlib
 import pytest
@@ -216,6 +217,8 @@ def test_the_loss_scale_range_agrees_with_the_verdict_at_both_edges(loss_scale, 
     assert fp16_verdict_at(model, x, y, loss_scale * lo / 2) == "needs loss scaling"  # underflow below
     assert fp16_verdict_at(model, x, y, loss_scale * hi * 2) == "overflow"            # overflow above
     assert f"from 2^{int(math.log2(lo))} to 2^{int(math.log2(hi))}" in report.to_markdown()
+    below = re.search(rf"\(at 2\^{int(math.log2(lo)) - 1}, ([0-9.]+)%\)", report.loss_scale_reason)
+    assert below and float(below.group(1)) > 1  # the rejected scale is shown above 1%, never as 1.0%
 
 
 def test_no_loss_scale_when_the_gradients_span_more_than_fp16():

@@ -147,10 +147,15 @@ def _emulated_bf16(seen, session):
     for device in sorted(seen.bf16_devices, key=str):
         capability = doctor.capability(device)
         if capability is not None and tuple(capability) < (8, 0):
+            version = f"{capability[0]}.{capability[1]}"
+            if torch.device(device).type == "cuda":
+                ran, where = f"BF16 ran on {device}, of compute capability {version}", str(device)
+            else:  # the capability seam was replaced: a GPU simulated on another device
+                ran, where = (f"BF16 ran on a simulated GPU of compute capability {version}",
+                              f"{device} (simulated capability {version})")
             found.append(finding("emulated-bf16", "warning",
-                                 f"BF16 ran on {device}, of compute capability "
-                                 f"{capability[0]}.{capability[1]}: native BF16 needs 8.0 (Ampere), "
-                                 f"so it is emulated here", str(device)))
+                                 f"{ran}: native BF16 needs 8.0 (Ampere), so it is emulated there",
+                                 where))
     return found
 
 
