@@ -368,6 +368,15 @@ def test_step_without_scale_is_scaler_misuse(scaler_kind, device):
     assert any("step() without scale()" in m for m in misuse(session.report()))
 
 
+def scaled_backward(model, optimizer, scaler, i, device):
+    """One FP16-autocast forward and scaled backward on batch ``i``, gradients zeroed first."""
+    x, y = batch(i, device)
+    optimizer.zero_grad()
+    with torch.autocast(device.type, dtype=torch.float16):
+        loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+
+
 @pytest.mark.parametrize("scaler_kind", ["GradScaler", "DynamicLossScaler"])
 @pytest.mark.parametrize("mistake", ["unscale twice", "update skipped", "update per micro-batch"])
 def test_scaler_call_order_mistakes_are_named_and_the_exception_propagates(mistake, scaler_kind,
@@ -375,11 +384,7 @@ def test_scaler_call_order_mistakes_are_named_and_the_exception_propagates(mista
     model, optimizer, scaler = small_sgd_run(scaler_kind, device)
 
     def step(i):
-        x, y = batch(i, device)
-        optimizer.zero_grad()
-        with torch.autocast(device.type, dtype=torch.float16):
-            loss = F.cross_entropy(model(x), y)
-        scaler.scale(loss).backward()
+        scaled_backward(model, optimizer, scaler, i, device)
         if mistake == "update per micro-batch":
             scaler.update()
         scaler.unscale_(optimizer)
@@ -408,11 +413,7 @@ def test_step_and_update_skipped_on_an_overflow_step_is_not_called_a_double_unsc
     model, optimizer, scaler = small_sgd_run(scaler_kind, device)
 
     def step(i):
-        x, y = batch(i, device)
-        optimizer.zero_grad()
-        with torch.autocast(device.type, dtype=torch.float16):
-            loss = F.cross_entropy(model(x), y)
-        scaler.scale(loss).backward()
+        scaled_backward(model, optimizer, scaler, i, device)
         scaler.unscale_(optimizer)
         # every step treated as an overflow: step() and update() skipped
 
