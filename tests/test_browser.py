@@ -80,7 +80,7 @@ PAGE_CHECK = r"""
   const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
   // $...$ with a command, ^, _ or = inside: math that reached the page untypeset (a notebook's
   // Markdown output is rendered as GitHub Markdown, which has no math).
-  const raw = /\\\(|\\\[|\$\$|\\begin\{|\$[^$\s][^$\n]*(\\[A-Za-z]+|[\^_=])[^$\n]*\$/;
+  const raw = /\\\(|\\\[|\$\$|\\begin\{|\$(?=[^$\s])[^$\n]*?(\\[A-Za-z]+|[\^_=])[^$\n]*\$/;
   for (let node; (node = walker.nextNode());) {
     if (raw.test(node.textContent) && !node.parentElement.closest(skip))
       problems.push(`raw LaTeX in the text: ${node.textContent.trim().slice(0, 80)}`);
@@ -156,12 +156,14 @@ def test_page_check_fails_on_a_broken_page(tmp_path, chromium):
         <span class="math">\(x^{2\)</span> unbalanced (MathJax does not even find it),
         <span class="math">\(\notamacro{x}\)</span> undefined.</p>
         <p>A table cell the renderer left alone: $2^{-14} \times 3$</p>
+        <p>A computed output, its command first: $\nabla L$ is larger</p>
         <img src="missing.png"><img src="https://example.com/remote.png"></body></html>"""
                     .replace("MATHJAX", mathjax))
     problems = "\n".join(visit(chromium, page.as_uri()))
     assert problems.count("MathJax error in") == 2, problems
     assert "formula not typeset: \\(x^{2\\)" in problems
     assert "raw LaTeX in the text: A table cell" in problems
+    assert "raw LaTeX in the text: A computed output" in problems
     assert "image not shown: missing.png" in problems
     assert "failed to load" in problems and "missing.png" in problems
     assert "fetches from the network (blocked): https://example.com/remote.png" in problems

@@ -122,6 +122,25 @@ def gpu_lead_ins(page_cells: list[dict]) -> list[str]:
     return found
 
 
+# TeX math in a string of a computed Markdown() output: the book renders a notebook's Markdown output
+# as GitHub Markdown, which has no math, so the reader would see the dollars (tests/test_browser.py
+# finds it in the built page; this finds it in the source, in a second).
+TEX = re.compile(r"\$(?=[^$\s])[^$\n]*?(\\[A-Za-z]+|[\^_=])[^$\n]*\$")
+
+
+def tex_in_computed_markdown(page_cells: list[dict]) -> list[str]:
+    """String constants with TeX math inside the Markdown(...) calls of code cells."""
+    found = []
+    for k, cell in enumerate(page_cells):
+        if cell["cell_type"] != "code" or "Markdown(" not in text(cell):
+            continue
+        for call in calls(parse(text(cell)), "Markdown"):
+            for node in ast.walk(call):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and TEX.search(node.value):
+                    found.append(f"cell {k} line {node.lineno}: {TEX.search(node.value).group(0)!r}")
+    return found
+
+
 def replaced_names(page_cells: list[dict]) -> list[str]:
     """Sentences of prose that name a replaced API without saying it is the older one."""
     found = []
@@ -171,6 +190,12 @@ def test_prose_names_replaced_apis_only_as_older_code(page):
     assert not replaced_names(cells(page)), f"{page}:\n" + "\n".join(replaced_names(cells(page)))
 
 
+@pytest.mark.parametrize("page", PAGES)
+def test_computed_markdown_writes_its_maths_in_unicode_not_tex(page):
+    found = tex_in_computed_markdown(cells(page))
+    assert not found, f"{page}: TeX in a computed Markdown output (shown raw; write ∇L, ε = 10⁻⁸):\n" + "\n".join(found)
+
+
 def test_no_page_says_its_results_do_not_depend_on_the_cpu():
     """One thread fixes the order of a sum, not the instructions: 16-bit CPU kernels differ between
     instruction sets (AVX-512 BF16, AMX and plain AVX2 round differently)."""
@@ -201,6 +226,15 @@ def test_the_rules_find_an_unnamed_source_and_a_link_to_a_missing_row():
     assert not unnamed_sources([markdown("A common claim ([ledger](claims_ledger.ipynb#claim-fp16-range)).")])
     assert ledger_links([markdown("see [row](claims_ledger.ipynb#claim-nowhere)")]) == {"claim-nowhere"}
     assert "fp16-range" in ledger_keys() and "nowhere" not in ledger_keys()
+
+
+def test_the_rules_find_tex_in_computed_markdown_only():
+    assert tex_in_computed_markdown([code('Markdown(f"the error of $\\\\nabla L$ is {e:.1e}")')]) == [
+        "cell 0 line 1: '$\\\\nabla L$'"]
+    assert tex_in_computed_markdown([code('Markdown(f"with $v = 0$ here")')])
+    assert not tex_in_computed_markdown([code('Markdown(f"the error of ∇L costs $5 or $6")')])
+    assert not tex_in_computed_markdown([markdown("The error of $\\nabla L$ (prose: typeset).")])
+    assert not tex_in_computed_markdown([code('label = "$\\\\nabla L$"  # a plot label: matplotlib renders it')])
 
 
 def test_the_rules_find_a_gpu_lead_in_and_a_replaced_api():
