@@ -30,6 +30,20 @@ def test_digits_split_is_deterministic_stratified_and_disjoint():
     assert not torch.equal(train.y, other_train.y)
 
 
+def test_digits_are_scikit_learns_and_loading_them_does_not_import_it():
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    train, test = load_digits()
+    reference = sklearn_digits()
+    pixels = torch.tensor(reference.data, dtype=torch.float32) / 16.0
+    assert sorted(map(tuple, torch.cat([train.x, test.x]).tolist())) == sorted(map(tuple, pixels.tolist()))
+    assert torch.equal(torch.bincount(torch.cat([train.y, test.y])), torch.bincount(torch.tensor(reference.target)))
+    code = ("import sys; from mpcourse.workloads import load_digits; load_digits(); "
+            "print('sklearn' in sys.modules)")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "False"
+
+
 def test_digits_images_are_the_same_pixels_as_vectors():
     train_vectors, _ = load_digits()
     train_images, _ = load_digits(images=True)
