@@ -307,10 +307,16 @@ def _wire_dtype(wire) -> torch.dtype:
 
 
 def split_factors(world_size: int) -> tuple[int, int]:
-    """``(before, after)``: divide by a power of two near ``sqrt(N)`` before the sum, the rest
-    after, so the sum grows only about ``sqrt(N)``-fold and values sink only ``log2(N) / 2``
-    binades (the idea PyTorch's FSDP2 uses for FP16 reductions)."""
-    before = 2 ** (max(world_size.bit_length() - 1, 0) // 2)
+    """``(before, after)``: divide by ``before`` before the sum and by ``after`` after it, as
+    PyTorch's FSDP2 does for FP16 reductions (``_get_gradient_divide_factors``): ``before``
+    doubles from 1 while it divides ``N`` and ``N / before > before``. For ``N`` a power of two
+    that is the smallest power of two with ``before >= N / before``, the larger factor first
+    (``N = 8``: ``(4, 2)``), so the sum grows at most ``sqrt(N)``-fold and values sink
+    ``log2(before) >= log2(N) / 2`` binades; otherwise the doubling stops at the power of two in
+    ``N`` (``N = 1000``: ``(16, 62.5)``)."""
+    before = 1
+    while world_size % before == 0 and world_size / before > before:
+        before *= 2
     return before, world_size / before
 
 

@@ -118,14 +118,15 @@ def same_state(a: dict, b: dict) -> bool:
         torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k] for k in a)
 
 
-def split_batch_gap(dtype=torch.float16, *, world_size: int = 2, step: int = 0, seed: int = 0) -> float:
-    """How far the gradient of one pass over the global batch lies from the mean of the gradients
-    of its ``world_size`` equal slices, all computed with the tiny transformer's weights in
-    ``dtype`` and compared in float64: ``||g_whole - mean_r g_r|| / ||g_whole||``.
+def split_batch_gradients(dtype=torch.float16, *, world_size: int = 2, step: int = 0,
+                          seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(g_whole, mean_r g_r)`` in float64: the gradient of one pass over the global batch and
+    the mean of the gradients of its ``world_size`` equal slices, all computed with the tiny
+    transformer's weights in ``dtype``.
 
     In exact arithmetic the two are the same vector (:func:`~mpcourse.engines.lm_loss` is a mean
     and the slices are equal), which is what FSDP2 computes on 1 rank and on ``world_size`` ranks:
-    the gap is rounding alone, and scales with ``dtype``'s precision."""
+    what separates them is rounding alone."""
     _check_world_sizes(world_size)
 
     def gradient(x, y):
@@ -135,4 +136,13 @@ def split_batch_gap(dtype=torch.float16, *, world_size: int = 2, step: int = 0, 
 
     whole = gradient(*lm_rank_batch(0, 1, step=step, seed=seed))
     parts = [gradient(*lm_rank_batch(r, world_size, step=step, seed=seed)) for r in range(world_size)]
-    return relative_error(torch.stack(parts).mean(0), whole)
+    return whole, torch.stack(parts).mean(0)
+
+
+def split_batch_gap(dtype=torch.float16, *, world_size: int = 2, step: int = 0, seed: int = 0) -> float:
+    """How far the gradient of one pass over the global batch lies from the mean of the gradients
+    of its ``world_size`` equal slices (:func:`split_batch_gradients`), compared in float64:
+    ``||g_whole - mean_r g_r|| / ||g_whole||``. The gap is rounding alone, and scales with
+    ``dtype``'s precision."""
+    whole, mean = split_batch_gradients(dtype, world_size=world_size, step=step, seed=seed)
+    return relative_error(mean, whole)

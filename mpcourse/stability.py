@@ -14,7 +14,8 @@ measures on the tiny transformer:
 - `chunked_cross_entropy`: the loss of a large-vocabulary output layer in FP32 without ever
   holding the FP32 logits of all tokens at once;
 - `SpikeDetector` and `AdamLowPrecisionStates`: flag a loss spike before the step is taken, and
-  an Adam whose moments are stored (emulated) in BF16 or 8-bit blocks.
+  an Adam whose moments are stored (emulated) in BF16 or 8-bit blocks;
+- `train_lm` and `spike_runs`: the chapter's training runs.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from mpcourse.workloads import CausalSelfAttention, TinyTransformer
 
 __all__ = ["z_loss", "soft_cap", "StableAttention", "stable_tiny_transformer", "rope_angles",
            "angle_error", "router_top_k", "chunked_cross_entropy", "saved_tensor_bytes",
-           "SpikeDetector", "AdamLowPrecisionStates"]
+           "SpikeDetector", "AdamLowPrecisionStates", "train_lm", "spike_runs"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,3 +310,123 @@ class AdamLowPrecisionStates(torch.optim.Optimizer):
                 p -= (group["lr"] * m_hat / (v_hat.sqrt() + group["eps"])).to(p.dtype)
                 state["m"] = _store(m, self.state_format, self.block)
                 state["v"] = _store(v, self.state_format, self.block, self.v_code)
+
+
+# ---------------------------------------------------------------------------------------------
+# The chapter's training runs.
+
+def train_lm(tokens: torch.Tensor, *, steps: int, lr: float, qk_norm: bool = False,
+             z_weight: float = 0.0, cap: float | None = None, seed: int = 0,
+             batch_size: int = 16, context: int = 32):
+    """One plain FP32 AdamW run (no weight decay) of `stable_tiny_transformer` on ``tokens``,
+    its initial weights and its batches drawn from ``seed``; QK-norm, a z-loss of weight
+    ``z_weight`` and a soft cap at ``cap`` as asked.
+
+    Returns ``(model, history)``: per step the loss (without the z-loss), the largest attention
+    logit of any block, the mean log Z and the largest ``|logit|`` (after the cap).
+    """
+    from mpcourse.workloads import lm_batch
+
+    torch.manual_seed(seed)
+    model = stable_tiny_transformer(qk_norm=qk_norm).to(tokens.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    history = {"loss": [], "attention": [], "log Z": [], "logit": []}
+    for _ in range(steps):
+        x, y = lm_batch(tokens, batch_size, context, generator=generator)
+        logits = model(x)
+        if cap is not None:
+            logits = soft_cap(logits, cap)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        total = loss + z_loss(logits, z_weight) if z_weight else loss
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        optimizer.step()
+        history["loss"].append(loss.item())
+        history["attention"].append(max(b.attention.max_logit for b in model.blocks))
+        history["log Z"].append(logits.detach().float().logsumexp(-1).mean().item())
+        history["logit"].append(logits.detach().abs().max().item())
+    return model, history
+
+
+def _spike_steps(run, tokens, setup, first, last, spike_at, factor):
+    """Steps ``first`` to ``last - 1`` of one spike run, recorded into ``run["record"]``."""
+    from mpcourse.workloads import lm_batch
+
+    model, optimizer, record = run["model"], run["optimizer"], run["record"]
+    for step in range(first, last):
+        x, y = lm_batch(tokens, 16, 32, generator=run["generator"])
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        if step == spike_at:
+            loss = loss * factor  # the planted bad batch
+        record["losses"].append(loss.item())
+        if run["detector"].is_spike(loss.item()):
+            record["flagged"].append(step)
+            if setup.get("skip"):
+                continue
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        parameters = list(model.parameters())
+        if setup.get("clip") is not None:
+            record["norms"].append(torch.nn.utils.clip_grad_norm_(parameters, setup["clip"]).item())
+        else:  # the norm alone, the gradients untouched
+            record["norms"].append(torch.nn.utils.get_total_norm([p.grad for p in parameters]).item())
+        before = torch.cat([p.detach().flatten() for p in parameters])
+        optimizer.step()
+        record["updates"].append(torch.cat([p.detach().flatten() for p in parameters]) - before)
+        if setup.get("zero_m") and step == spike_at:  # forget the spike's momentum, keep v
+            for state in optimizer.state.values():
+                state["m"].zero_()
+        record["v"].append(sum(s["v"].sum().item() for s in optimizer.state.values()))
+
+
+def spike_runs(tokens: torch.Tensor, setups: dict, *, steps: int = 80, spike_at: int = 40,
+               lr: float = 3e-3, factor: float = 1000.0, seed: int = 0, share: bool = True) -> dict:
+    """Runs of `stable_tiny_transformer` with `AdamLowPrecisionStates` at ``lr``, all from the
+    same weights and batches (``seed``), in which the loss of the batch at step ``spike_at`` is
+    multiplied by ``factor`` (a planted bad batch); a `SpikeDetector` watches every loss.
+
+    ``setups`` maps a name to its options: ``state_format`` (``"fp32"``, ``"bf16"``, ``"8bit"``),
+    ``skip`` (skip the steps the detector flags), ``zero_m`` (zero ``m`` right after the spike
+    step), ``clip`` (clip the gradient norm to it). Returns, per name, the lists ``losses`` (every
+    step), ``flagged`` (the flagged steps) and, for every step taken, ``norms`` (the gradient's
+    norm before any clipping), ``updates`` (the change of all weights) and ``v`` (the sum of
+    Adam's ``v``).
+
+    The runs of one state format are the same step for step until the spike, unless a run skips
+    an earlier flagged step or its clipping threshold binds earlier: they are computed once up to
+    the spike and continue from copies, which gives the same numbers as separate runs
+    (``share=False`` computes every run from its start).
+    """
+    import copy
+
+    def start(state_format):
+        torch.manual_seed(seed)
+        model = stable_tiny_transformer().to(tokens.device)
+        return {"model": model, "optimizer": AdamLowPrecisionStates(model.parameters(), lr=lr,
+                                                                     state_format=state_format),
+                "detector": SpikeDetector(), "generator": torch.Generator().manual_seed(seed),
+                "record": dict(losses=[], v=[], flagged=[], norms=[], updates=[])}
+
+    def fork(run):
+        copied = start(run["optimizer"].state_format)
+        copied["model"].load_state_dict(run["model"].state_dict())
+        copied["optimizer"].load_state_dict(run["optimizer"].state_dict())
+        copied["generator"].set_state(run["generator"].get_state())
+        copied["detector"] = copy.deepcopy(run["detector"])
+        copied["record"] = copy.deepcopy(run["record"])
+        return copied
+
+    prefixes, results = {}, {}
+    for name, setup in setups.items():
+        fmt = setup.get("state_format", "fp32")
+        if share and fmt not in prefixes:
+            prefixes[fmt] = start(fmt)
+            _spike_steps(prefixes[fmt], tokens, {}, 0, spike_at, spike_at, factor)
+        prefix = prefixes[fmt]["record"] if share else None
+        shared = share and not (prefix["flagged"] and setup.get("skip")) and (setup.get("clip") is None
+                                            or max(prefix["norms"], default=0.0) < setup["clip"])
+        run = fork(prefixes[fmt]) if shared else start(fmt)
+        _spike_steps(run, tokens, setup, spike_at if shared else 0, steps, spike_at, factor)
+        results[name] = run["record"]
+    return results

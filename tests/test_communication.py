@@ -247,4 +247,14 @@ def test_ring_traffic_and_split_factors():
     assert comm.ring_traffic_bytes(100.0, 4) == 150.0
     for n in (1, 2, 3, 8, 64, 1000):
         before, after = comm.split_factors(n)
-        assert before * after == n and before <= math.sqrt(n) < 2 * before
+        assert before * after == n
+    assert [comm.split_factors(n) for n in (1, 2, 8, 32, 128)] == [(1, 1), (2, 1), (4, 2), (8, 4), (16, 8)]
+
+
+def test_split_factors_are_fsdp2s():
+    # the independent reference: the pre- and post-divide factors FSDP2 itself uses for FP16
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import _get_gradient_divide_factors
+
+    for n in (1, 2, 3, 4, 6, 8, 12, 32, 64, 100, 128, 1000):
+        pre, post, _, _ = _get_gradient_divide_factors(None, None, torch.float16, factor=float(n))
+        assert comm.split_factors(n) == (pre, post), n

@@ -136,6 +136,9 @@ def test_one_rank_and_two_compute_the_same_gradient_up_to_rounding():
     torch.set_num_threads(1)
     fp16, fp32 = (sharded_checkpoints.split_batch_gap(d) for d in (torch.float16, torch.float32))
     assert 0 < fp32 < 1e-6 < 2.0**-16 < fp16 < 2.0**-8
+    whole, mean = sharded_checkpoints.split_batch_gradients(torch.float16)
+    assert whole.dtype == mean.dtype == torch.float64 and whole.shape == mean.shape
+    assert ((mean - whole).norm() / whole.norm()).item() == fp16
 
 
 @pytest.mark.parametrize("call", [lambda: engines.fsdp_policies(3), lambda: engines.memory_per_rank(5),

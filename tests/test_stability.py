@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from mpcourse.stability import (AdamLowPrecisionStates, SpikeDetector, StableAttention,
                                 angle_error, chunked_cross_entropy, rope_angles, router_top_k,
                                 saved_tensor_bytes, soft_cap, stable_tiny_transformer, z_loss)
-from mpcourse.workloads import CausalSelfAttention, TinyTransformer
+from mpcourse import stability
+from mpcourse.workloads import CausalSelfAttention, TinyTransformer, addition_corpus, encode_text
 
 
 # --- z-loss and soft-capping -----------------------------------------------------------------
@@ -259,3 +260,29 @@ def test_adam_low_precision_states_rejects_bad_settings(options):
 def test_a_spike_detector_window_must_be_an_integer_of_at_least_two(window):
     with pytest.raises(ValueError, match="window >= 2"):
         SpikeDetector(window=window)
+
+
+def test_train_lm_records_every_step_and_applies_the_cap():
+    torch.set_num_threads(1)
+    tokens = encode_text(addition_corpus(200))
+    model, history = stability.train_lm(tokens, steps=3, lr=3e-3, z_weight=1e-2, cap=5.0)
+    assert all(len(values) == 3 for values in history.values())
+    assert max(history["logit"]) <= 5.0 and all(a > 0 for a in history["attention"])
+    again = stability.train_lm(tokens, steps=3, lr=3e-3, z_weight=1e-2, cap=5.0)[1]
+    assert again == history  # weights and batches come from the seed alone
+
+
+def test_spike_runs_that_share_their_start_give_the_numbers_of_separate_runs():
+    torch.set_num_threads(1)
+    tokens = encode_text(addition_corpus(200))
+    setups = {"plain": {}, "skipped": dict(skip=True), "m zeroed": dict(zero_m=True),
+              "clipped": dict(clip=1e3), "clipped hard": dict(clip=1e-3),  # binds before the spike
+              "bf16": dict(state_format="bf16")}
+    shared = stability.spike_runs(tokens, setups, steps=24, spike_at=21)
+    separate = stability.spike_runs(tokens, setups, steps=24, spike_at=21, share=False)
+    assert shared["skipped"]["flagged"] == [21] and len(shared["skipped"]["updates"]) == 23
+    for name in setups:
+        for key in ("losses", "v", "flagged", "norms"):
+            assert shared[name][key] == separate[name][key], (name, key)
+        assert all(torch.equal(a, b) for a, b in zip(shared[name]["updates"], separate[name]["updates"]))
+    assert shared["plain"]["losses"][22:] != shared["skipped"]["losses"][22:]
