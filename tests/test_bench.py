@@ -8,6 +8,7 @@ import itertools
 import math
 import statistics
 import subprocess
+import re
 import sys
 
 import pytest
@@ -481,3 +482,12 @@ def test_matmul_bytes_is_the_one_traffic_definition_fp8_writes_a_bf16_result():
     assert matmul_bytes(m, n, k, "bf16") == 2 * (m * k + k * n + m * n)
     assert matmul_bytes(m, n, k, "fp8") == (m * k + k * n) + 2 * m * n  # E4M3 in, BF16 out
     assert matmul_intensity(m, n, k, "fp8") == pytest.approx(2 * m * n * k / matmul_bytes(m, n, k, "fp8"))
+
+
+def test_every_spec_states_its_memory_and_a_name_with_a_size_agrees_with_it():
+    for spec in GPU_SPECS:
+        found = re.fullmatch(r"(\d+)( or (\d+))? GB (HBM\w*|GDDR\w*)", spec.memory)
+        assert found, f"{spec.name}: memory {spec.memory!r}"
+        named = re.search(r"(\d+)GB", spec.name)  # "A100 SXM4 80GB"
+        if named:
+            assert named.group(1) == found.group(1)

@@ -12,6 +12,7 @@ from torch import nn
 from mpcourse.formats import E2M1, round_to
 from mpcourse.fp8 import RECIPES, BlockRecipe, Fp8Linear, Fp8Recipe, convert_to_fp8, get_recipe
 from mpcourse.fp8.recipes import BLOCKWISE_POW2, hadamard_matrix
+from mpcourse.fp8.linear import stochastic_rounding_seed
 from mpcourse.training import MixedPrecisionTrainer, TrainerConfig
 from mpcourse.workloads import load_digits
 
@@ -94,7 +95,7 @@ def reference_products(layer, x, dy):
         wgrad = (blockwise_ref(dy.t(), power_of_two=pow2), blockwise_ref(x.t(), power_of_two=pow2))
     else:  # nvfp4: replay the layer's stochastic-rounding draws, in the layer's order
         step = int(layer.sr_step) - 1                               # the backward pass just run
-        g = torch.Generator().manual_seed(int(layer.sr_seed) * 2**32 + step)
+        g = torch.Generator().manual_seed(stochastic_rounding_seed(int(layer.sr_seed), step))
         h = hadamard_matrix(16, int(layer.hadamard_seed))
         Wq = nvfp4_ref(W, 16, 16)
         fwd = (nvfp4_ref(x), Wq)
@@ -293,3 +294,20 @@ def test_block_recipes_run_on_cuda_as_on_cpu(recipe):
 def test_a_block_recipe_with_impossible_sizes_is_refused_when_made(fields):
     with pytest.raises(ValueError, match="block_size"):
         BlockRecipe("custom", "block", "e4m3", "e4m3", **fields)
+
+
+def test_layers_with_different_sr_seeds_draw_different_roundings_on_the_cpu():
+    # torch's CPU generator keeps only a seed's low 32 bits: sr_seed * 2**32 + step gave every
+    # layer the same draws
+    torch.manual_seed(0)
+    linear = nn.Linear(32, 16)
+    x, dy = torch.randn(64, 32), torch.randn(64, 16)
+    grads = []
+    for seed in (0, 1):
+        layer = Fp8Linear.from_linear(linear, "nvfp4", seed=seed)
+        layer.hadamard_seed.fill_(0)  # the same Hadamard matrix: only the rounding draws differ
+        layer.zero_grad(set_to_none=True)
+        layer(x).backward(dy)
+        grads.append(linear.weight.grad.clone())
+    assert not torch.equal(grads[0], grads[1])
+    assert len({stochastic_rounding_seed(s, t) for s in range(8) for t in range(1000)}) == 8000

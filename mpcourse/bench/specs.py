@@ -62,6 +62,7 @@ class GpuSpec:
         fp4_tflops: dense peak of FP4 (E2M1) tensor-core products, None where the GPU has none.
         vendor: ``"nvidia"`` or ``"amd"`` (whose ``compute_capability`` is torch's gfx number).
         note: what else to know when reading this GPU's datasheet.
+        memory: the GPU's memory as its datasheet gives it, e.g. ``"80 GB HBM3"``.
     """
     name: str
     pattern: str
@@ -73,6 +74,7 @@ class GpuSpec:
     fp4_tflops: float | None = None
     vendor: str = "nvidia"
     note: str = ""
+    memory: str = ""
 
     @property
     def fp8_dtypes(self) -> tuple[torch.dtype, torch.dtype] | None:
@@ -110,67 +112,68 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
     # NVIDIA T4 Tensor Core GPU datasheet: FP32 8.1, mixed-precision FP16/FP32 65 TFLOPS
     # (Turing tensor cores: no TF32, no BF16), 320 GB/s GDDR6.
     GpuSpec("T4", r"\bt4\b", (7, 5), _peaks(8.1, fp16=65.0), 320.0,
-            "NVIDIA T4 datasheet"),
+            "NVIDIA T4 datasheet", memory="16 GB GDDR6"),
     # NVIDIA Tesla V100 datasheet, SXM2 column: FP32 15.7, tensor (FP16) 125, 900 GB/s HBM2.
     GpuSpec("V100 SXM2", r"v100-sxm2", (7, 0), _peaks(15.7, fp16=125.0), 900.0,
-            "NVIDIA Tesla V100 datasheet (SXM2)"),
+            "NVIDIA Tesla V100 datasheet (SXM2)", memory="16 or 32 GB HBM2"),
     # NVIDIA Tesla V100 datasheet, PCIe column: FP32 14, tensor (FP16) 112, 900 GB/s.
     GpuSpec("V100 PCIe", r"v100-pcie", (7, 0), _peaks(14.0, fp16=112.0), 900.0,
-            "NVIDIA Tesla V100 datasheet (PCIe)"),
+            "NVIDIA Tesla V100 datasheet (PCIe)", memory="16 or 32 GB HBM2"),
     # NVIDIA V100S datasheet: FP32 16.4, tensor (FP16) 130, 1134 GB/s.
     GpuSpec("V100S PCIe", r"v100s", (7, 0), _peaks(16.4, fp16=130.0), 1134.0,
-            "NVIDIA V100S datasheet"),
+            "NVIDIA V100S datasheet", memory="32 GB HBM2"),
     # NVIDIA A10 datasheet: FP32 31.2, TF32 62.5 (125*), BF16/FP16 125 (250*), 600 GB/s GDDR6.
     GpuSpec("A10", r"\ba10\b", (8, 6), _peaks(31.2, 62.5, 125.0, 125.0), 600.0,
-            "NVIDIA A10 datasheet"),
+            "NVIDIA A10 datasheet", memory="24 GB GDDR6"),
     # A10G: AWS's variant of the A10 (G5 instances). NVIDIA publishes no A10G datasheet; these
     # are the figures AWS quotes (as compiled in Baseten's "NVIDIA A10 vs A10G"): FP32 35,
     # TF32 35, BF16/FP16 70 (half the A10's tensor rate), 600 GB/s. Treat them as approximate.
     GpuSpec("A10G", r"\ba10g\b", (8, 6), _peaks(35.0, 35.0, 70.0, 70.0), 600.0,
-            "AWS G5 figures (no NVIDIA datasheet), approximate", approximate=True),
+            "AWS G5 figures (no NVIDIA datasheet), approximate", approximate=True, memory="24 GB GDDR6"),
     # NVIDIA A100 datasheet: FP32 19.5, TF32 156 (312*), BF16/FP16 312 (624*) for every form
     # factor; bandwidth 1555 GB/s (40GB), 1935 GB/s (80GB PCIe), 2039 GB/s (80GB SXM).
     GpuSpec("A100 SXM4 40GB", r"a100-sxm\d?-40gb", (8, 0), _peaks(19.5, 156.0, 312.0, 312.0),
-            1555.0, "NVIDIA A100 datasheet (40GB SXM)"),
+            1555.0, "NVIDIA A100 datasheet (40GB SXM)", memory="40 GB HBM2"),
     GpuSpec("A100 SXM4 80GB", r"a100-sxm\d?-80gb", (8, 0), _peaks(19.5, 156.0, 312.0, 312.0),
-            2039.0, "NVIDIA A100 datasheet (80GB SXM)"),
+            2039.0, "NVIDIA A100 datasheet (80GB SXM)", memory="80 GB HBM2e"),
     GpuSpec("A100 PCIe 40GB", r"a100-pcie-40gb", (8, 0), _peaks(19.5, 156.0, 312.0, 312.0),
-            1555.0, "NVIDIA A100 datasheet (40GB PCIe)"),
+            1555.0, "NVIDIA A100 datasheet (40GB PCIe)", memory="40 GB HBM2"),
     GpuSpec("A100 PCIe 80GB", r"a100 80gb pcie|a100-pcie-80gb", (8, 0),
-            _peaks(19.5, 156.0, 312.0, 312.0), 1935.0, "NVIDIA A100 datasheet (80GB PCIe)"),
+            _peaks(19.5, 156.0, 312.0, 312.0), 1935.0, "NVIDIA A100 datasheet (80GB PCIe)",
+            memory="80 GB HBM2e"),
     # NVIDIA L4 datasheet: FP32 30.3, TF32 120*, BF16/FP16 242*, FP8 485*, 300 GB/s GDDR6.
     GpuSpec("L4", r"\bl4\b", (8, 9), _peaks(30.3, 60.0, 121.0, 121.0, 242.5), 300.0,
-            "NVIDIA L4 datasheet"),
+            "NVIDIA L4 datasheet", memory="24 GB GDDR6"),
     # NVIDIA H100 datasheet (SXM): FP32 67, TF32 989*, BF16/FP16 1979*, FP8 3958*, 3.35 TB/s
     # HBM3; dense figures from the NVIDIA H100 (Hopper) architecture whitepaper: FP32 66.9,
     # TF32 494.7, BF16/FP16 989.4, FP8 1978.9. torch names it "NVIDIA H100 80GB HBM3".
     GpuSpec("H100 SXM", r"h100.*(hbm3|sxm)", (9, 0), _peaks(66.9, 494.7, 989.4, 989.4, 1978.9),
-            3350.0, "NVIDIA H100 datasheet (SXM) and Hopper whitepaper"),
+            3350.0, "NVIDIA H100 datasheet (SXM) and Hopper whitepaper", memory="80 GB HBM3"),
     # NVIDIA H100 datasheet (PCIe): FP32 51, TF32 756*, BF16/FP16 1513*, FP8 3026*, 2.0 TB/s
     # HBM2e. (The H100 NVL is a different board, with a row of its own.)
     GpuSpec("H100 PCIe", r"h100[ -]pcie", (9, 0), _peaks(51.0, 378.0, 756.0, 756.0, 1513.0),
-            2000.0, "NVIDIA H100 datasheet (PCIe)"),
+            2000.0, "NVIDIA H100 datasheet (PCIe)", memory="80 GB HBM2e"),
     # NVIDIA H100 datasheet, H100 NVL column (the PCIe dual-slot board with 94 GB, sold in
     # NVLink-bridged pairs): FP32 60, TF32 835*, BF16/FP16 1,671*, FP8 3,341*, 3.9 TB/s HBM3.
     # Its own clocks and power limit (350-400 W), so neither the SXM nor the PCIe row fits it.
     GpuSpec("H100 NVL", r"h100 nvl", (9, 0), _peaks(60.0, 417.5, 835.5, 835.5, 1670.5),
-            3900.0, "NVIDIA H100 datasheet (H100 NVL)"),
+            3900.0, "NVIDIA H100 datasheet (H100 NVL)", memory="94 GB HBM3"),
     # NVIDIA H200 datasheet (SXM): the H100 SXM's compute (FP32 67, TF32 989*, BF16/FP16 1979*,
     # FP8 3958*; dense as for the H100 SXM) with 141 GB of HBM3e at 4.8 TB/s. (The H200 NVL,
     # a lower-power board, is not matched.)
     GpuSpec("H200 SXM", r"\bh200\b(?!.*nvl)", (9, 0), _peaks(66.9, 494.7, 989.4, 989.4, 1978.9),
-            4800.0, "NVIDIA H200 datasheet (SXM)"),
+            4800.0, "NVIDIA H200 datasheet (SXM)", memory="141 GB HBM3e"),
     # NVIDIA L40S datasheet: FP32 91.6, TF32 183 (366*), BF16/FP16 362.05 (733*), FP8 733
     # (1,466*), 864 GB/s GDDR6. (The datasheet's own dense figures, not quite in 1:2:4 ratio.)
     GpuSpec("L40S", r"\bl40s\b", (8, 9), _peaks(91.6, 183.0, 362.05, 362.05, 733.0), 864.0,
-            "NVIDIA L40S datasheet"),
+            "NVIDIA L40S datasheet", memory="48 GB GDDR6"),
     # NVIDIA Ada GPU architecture whitepaper, appendix (GeForce RTX 4090): FP32 82.6; with FP32
     # accumulation TF32 82.6, FP16/BF16 165.2, FP8 330.3 (dense); 1,008 GB/s GDDR6X. torch
     # names it "NVIDIA GeForce RTX 4090" (the China-only "RTX 4090 D" and laptop chips differ).
     GpuSpec("RTX 4090", r"geforce rtx 4090$", (8, 9), _peaks(82.6, 82.6, 165.2, 165.2, 330.3),
             1008.0, "NVIDIA Ada GPU architecture whitepaper (GeForce RTX 4090)",
             note="FP16 and FP8 with FP16 accumulation run twice as fast (330.3 and 660.6 dense): "
-                 "the datasheet headline; training accumulates in FP32"),
+                 "the datasheet headline; training accumulates in FP32", memory="24 GB GDDR6X"),
     # NVIDIA RTX Blackwell GPU architecture whitepaper (GeForce RTX 5090): FP32 104.8; with FP32
     # accumulation TF32 104.8, FP16/BF16 209.5, FP8 419, FP4 1,676 (3,352* "AI TOPS") dense;
     # 1,792 GB/s GDDR7. Compute capability 12.0 (data-centre Blackwell is 10.0).
@@ -179,26 +182,27 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
             fp4_tflops=1676.0,
             note="FP16 and FP8 with FP16 accumulation run twice as fast (419 and 838 dense): "
                  "the datasheet headline; training accumulates in FP32. The FP4 figure is twice "
-                 "the FP16-accumulation FP8 rate"),
+                 "the FP16-accumulation FP8 rate", memory="32 GB GDDR7"),
     # NVIDIA Blackwell datasheet, HGX B200 column, per GPU: FP4 18*, FP8/FP6 9*, FP16/BF16 4.5*,
     # TF32 2.2* PFLOPS, FP32 75 TFLOPS, 180 GB HBM3e at 7.7 TB/s. torch names it "NVIDIA B200".
     GpuSpec("B200", r"\bb200\b", (10, 0), _peaks(75.0, 1100.0, 2250.0, 2250.0, 4500.0), 7700.0,
-            "NVIDIA Blackwell datasheet (HGX B200, per GPU)", fp4_tflops=9000.0),
+            "NVIDIA Blackwell datasheet (HGX B200, per GPU)", fp4_tflops=9000.0, memory="180 GB HBM3e"),
     # Same datasheet, GB200 NVL72 column, per GPU: FP4 20*, FP8/FP6 10*, FP16/BF16 5*, TF32 2.5*
     # PFLOPS, FP32 80 TFLOPS, 186 GB HBM3e at 8 TB/s (a higher power limit than the HGX B200).
     GpuSpec("GB200", r"\bgb200\b", (10, 0), _peaks(80.0, 1250.0, 2500.0, 2500.0, 5000.0), 8000.0,
-            "NVIDIA Blackwell datasheet (GB200 NVL72, per GPU)", fp4_tflops=10000.0),
+            "NVIDIA Blackwell datasheet (GB200 NVL72, per GPU)", fp4_tflops=10000.0, memory="186 GB HBM3e"),
     # AMD Instinct MI300X data sheet: peak FP32 vector 163.4, TF32 653.7, FP16/BF16 1,307.4,
     # FP8 2,614.9 TFLOPS dense (twice that with sparsity), 5.3 TB/s HBM3. CDNA 3, gfx942: torch
     # reports capability 9.4, and its FP8 is the FNUZ pair (float8_e4m3fnuz, float8_e5m2fnuz).
     GpuSpec("MI300X", r"\bmi300x\b", (9, 4), _peaks(163.4, 653.7, 1307.4, 1307.4, 2614.9), 5300.0,
             "AMD Instinct MI300X data sheet", vendor="amd",
-            note="FP8 as float8_e4m3fnuz / float8_e5m2fnuz, not the OCP e4m3fn / e5m2"),
+            note="FP8 as float8_e4m3fnuz / float8_e5m2fnuz, not the OCP e4m3fn / e5m2", memory="192 GB HBM3"),
     # AMD Instinct MI325X data sheet: the MI300X's compute (same CDNA 3 chip) with 256 GB HBM3E
     # at 6 TB/s.
     GpuSpec("MI325X", r"\bmi325x\b", (9, 4), _peaks(163.4, 653.7, 1307.4, 1307.4, 2614.9), 6000.0,
             "AMD Instinct MI325X data sheet", vendor="amd",
-            note="FP8 as float8_e4m3fnuz / float8_e5m2fnuz, not the OCP e4m3fn / e5m2"),
+            note="FP8 as float8_e4m3fnuz / float8_e5m2fnuz, not the OCP e4m3fn / e5m2",
+            memory="256 GB HBM3E"),
 )
 # Not listed, for want of a datasheet figure found: the B300 (NVIDIA's Blackwell Ultra material
 # gives sparse FP4 and FP8 rates, no dense table per precision) and the H200 NVL (its name matches

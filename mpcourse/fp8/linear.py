@@ -113,6 +113,16 @@ class _BlockLinearFunction(torch.autograd.Function):
         return grad_x, grad_w, grad_b, None
 
 
+def stochastic_rounding_seed(sr_seed: int, step: int) -> int:
+    """The generator seed of backward pass ``step`` of a layer with buffer ``sr_seed``.
+
+    Kept below 2**32: torch's CPU generator keeps only a seed's low 32 bits, so a seed such as
+    ``sr_seed * 2**32 + step`` would give every layer the same draws. Multiplying by a large odd
+    constant (Knuth's multiplicative hash) spreads the layers' seeds far apart.
+    """
+    return (sr_seed * 0x9E3779B1 + step) % 2**32
+
+
 class Fp8Linear(nn.Linear):
     """A drop-in :class:`torch.nn.Linear` whose three matrix products run in FP8.
 
@@ -160,7 +170,7 @@ class Fp8Linear(nn.Linear):
 
     def gradient_generator(self, device) -> torch.Generator:
         """The stochastic-rounding generator of this backward pass; advances ``sr_step``."""
-        seed = int(self.sr_seed) * 2**32 + int(self.sr_step)
+        seed = stochastic_rounding_seed(int(self.sr_seed), int(self.sr_step))
         generator = torch.Generator(device).manual_seed(seed)
         self.sr_step += 1
         return generator
