@@ -69,11 +69,15 @@ class NonFiniteReport:
     """Where the first inf or NaN of a forward or backward pass appeared; ``str()`` explains it.
 
     ``record`` is the first record holding an inf or NaN; ``previous`` the record just before it
-    in the same pass (None if it was the first), which was finite.
+    in the same pass (None if it was the first), which was finite. ``consumer`` names the first
+    module that took the record's module's output as its input in that step's forward pass,
+    as ``"'1' (HandNorm)"`` (None if no module did): for an output gradient, the module whose
+    backward computed it.
     """
 
     record: Record
     previous: Record | None
+    consumer: str | None = None
 
     @property
     def phase(self) -> str:
@@ -103,9 +107,11 @@ class NonFiniteReport:
             lines.append("It is the first gradient of the backward pass: the gradient of the "
                          "loss was already non-finite (look at the loss and the loss scale).")
         elif r.tensor.endswith("output gradient"):
+            where = (f"{self.consumer}, the module that uses this module's output"
+                     if self.consumer else "what uses this module's output (in a plain stack of "
+                     "layers, the next layer)")
             lines.append(f"The gradient recorded just before it, {self.previous.describe()}, "
-                         f"was finite: the {_kind(s)} arose in the backward of what uses this "
-                         f"module's output (in a plain stack of layers, the next layer).")
+                         f"was finite: the {_kind(s)} arose in the backward of {where}.")
         elif s.inf:
             lines.append("This module's backward produced it: a parameter's gradient sums over "
                          "the batch, and often overflows before any activation gradient does.")
@@ -187,6 +193,8 @@ class PrecisionDebugger:
         self.records: list[Record] = []
         self._handles = []
         self._step = -1
+        self._produced = {}  # id of an output of this step -> (tensor, names of the modules returning it)
+        self._consumers = {}  # (step, module) -> the first module that took its output as input
 
     # --- switching on and off ---
     @property
@@ -224,10 +232,12 @@ class PrecisionDebugger:
     def clear(self) -> None:
         """Forget the records (the hooks stay)."""
         self.records.clear()
+        self._consumers.clear()
 
     # --- the hooks ---
     def _count_step(self, module, args):
         self._step += 1
+        self._produced.clear()  # only this step's outputs: ids of freed tensors are reused
 
     def _module_type(self, name: str) -> str:
         return type(self.model if name == ROOT else self.model.get_submodule(name)).__name__
@@ -239,7 +249,13 @@ class PrecisionDebugger:
 
     def _forward_hook(self, name: str):
         def hook(module, args, kwargs, output):
+            for _, tensor in _floating_tensors((args, kwargs), "input"):
+                produced, producers = self._produced.get(id(tensor), (None, ()))
+                for producer in producers if produced is tensor else ():
+                    self._consumers.setdefault((self._step, producer), name)
             for label, tensor in _floating_tensors(output, "output"):
+                produced, producers = self._produced.get(id(tensor), (None, ()))
+                self._produced[id(tensor)] = (tensor, (*producers, name) if produced is tensor else (name,))
                 stats = tensor_stats(tensor, self.fmt)
                 inputs_finite = params_finite = None
                 if stats.nonfinite:
@@ -265,7 +281,10 @@ class PrecisionDebugger:
         record = self.records[index]
         previous = next((r for r in reversed(self.records[:index])
                          if r.phase == record.phase and r.step == record.step), None)
-        return NonFiniteReport(record, previous)
+        consumer = self._consumers.get((record.step, record.module))
+        if consumer is not None:
+            consumer = f"{consumer!r} ({self._module_type(consumer)})"
+        return NonFiniteReport(record, previous, consumer)
 
     def first_nonfinite(self, phase: str | None = None) -> NonFiniteReport | None:
         """The first record holding an inf or NaN, as a :class:`NonFiniteReport`; None if none.

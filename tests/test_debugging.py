@@ -205,6 +205,44 @@ def test_a_nan_handed_back_to_a_module_says_nan_not_overflow():
     assert (report.module, report.record.tensor) == ("0", "output gradient")
     assert report.record.stats.inf == 0 and report.previous.module == "1"
     assert "NaN (an invalid operation" in str(report)
+    assert report.consumer == "'1' (GainNorm)"  # the module whose backward made the NaN
+    assert "backward of '1' (GainNorm), the module that uses this module's output" in str(report)
+
+
+def test_the_consumer_is_found_inside_a_container_and_when_a_container_returns_the_output():
+    # Layer '0.1' (nested) returns the output that container '0' returns too; '1.0' (nested in
+    # another container) uses it: both producers' output gradients name '1.0' as the consumer.
+    x = torch.randn(4, 8)
+    x[3] = 0.0
+    first = nn.Sequential(nn.Identity(), nn.Linear(8, 8, bias=False))
+    second = nn.Sequential(GainNorm(8).requires_grad_(False), nn.Linear(8, 4))
+    model = nn.Sequential(first, second)
+    with PrecisionDebugger(model) as debugger:
+        F.cross_entropy(model(x), torch.arange(4)).backward()
+    report = debugger.first_nonfinite()
+    assert report.record.tensor == "output gradient" and report.module in ("0", "0.1")
+    assert report.consumer == "'1.0' (GainNorm)"
+
+
+def test_without_a_module_that_uses_the_output_the_report_says_so_in_general():
+    # The NaN arises in code outside any module (a function in the parent's forward): no consumer.
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 8, bias=False)
+
+        def forward(self, x):
+            h = self.linear(x)
+            return h / (h.square().sum(-1, keepdim=True).sqrt() + 1e-3)
+
+    x = torch.randn(4, 8)
+    x[3] = 0.0
+    model = Outer()
+    with PrecisionDebugger(model) as debugger:
+        model(x).sum().backward()
+    report = debugger.first_nonfinite()
+    assert report.module == "linear" and report.consumer is None
+    assert "what uses this module's output" in str(report)
 
 
 def test_raise_on_nonfinite_names_the_module_and_hooks_go_even_so():
