@@ -314,6 +314,8 @@ def split_factors(world_size: int) -> tuple[int, int]:
     (``N = 8``: ``(4, 2)``), so the sum grows at most ``sqrt(N)``-fold and values sink
     ``log2(before) >= log2(N) / 2`` binades; otherwise the doubling stops at the power of two in
     ``N`` (``N = 1000``: ``(16, 62.5)``)."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive whole number of ranks, got {world_size!r}")
     before = 1
     while world_size % before == 0 and world_size / before > before:
         before *= 2

@@ -249,6 +249,9 @@ def test_ring_traffic_and_split_factors():
         before, after = comm.split_factors(n)
         assert before * after == n
     assert [comm.split_factors(n) for n in (1, 2, 8, 32, 128)] == [(1, 1), (2, 1), (4, 2), (8, 4), (16, 8)]
+    for bad in (0, -4, 2.5, True):  # no world of ranks: a clear error, not (1, 0.0)
+        with pytest.raises(ValueError, match="world_size"):
+            comm.split_factors(bad)
 
 
 def test_split_factors_are_fsdp2s():
