@@ -261,11 +261,15 @@ class ScaleError:
     """The errors of one mean gradient over ``world_size`` ranks: ``compute`` the relative error of
     the exact mean of the ranks' BF16-autocast gradients against the exact mean of their FP32
     gradients; ``wire[w]`` that of the ring all-reduce of the autocast gradients in wire format
-    ``w`` (each divided by N before the sum, as DDP's hooks do) against their exact mean."""
+    ``w`` (each divided by N before the sum, as DDP's hooks do) against their exact mean;
+    ``per_rank`` the mean over the ranks of each rank's own compute error (its BF16-autocast
+    gradient against its FP32 one), which the mean's ``compute`` error falls below where the
+    ranks' errors partly cancel."""
 
     world_size: int
     compute: float
     wire: dict
+    per_rank: float
 
 
 def wire_and_compute_error(world_sizes=(2, 8, 32, 128), wires=("fp16", "bf16"), *, seed: int = 0,
@@ -288,7 +292,8 @@ def wire_and_compute_error(world_sizes=(2, 8, 32, 128), wires=("fp16", "bf16"), 
         exact32 = torch.stack(grads[None]).double().mean(0)
         wire = {w: relative_error(ring_allreduce_reference([g / n for g in grads[torch.bfloat16]], w), exact)
                 for w in wires}
-        rows.append(ScaleError(n, relative_error(exact, exact32), wire))
+        per_rank = sum(relative_error(a, b) for a, b in zip(grads[torch.bfloat16], grads[None])) / n
+        rows.append(ScaleError(n, relative_error(exact, exact32), wire, per_rank))
     return rows
 
 
