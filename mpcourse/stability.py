@@ -372,11 +372,17 @@ def _spike_steps(run, tokens, setup, first, last, spike_at, factor):
         else:  # the norm alone, the gradients untouched
             record["norms"].append(torch.nn.utils.get_total_norm([p.grad for p in parameters]).item())
         before = torch.cat([p.detach().flatten() for p in parameters])
+        moments = {key: [s[key].clone() for s in optimizer.state.values()]
+                   for key in ("m", "v") if step == spike_at and setup.get(f"spike_out_of_{key}")}
         optimizer.step()
         record["updates"].append(torch.cat([p.detach().flatten() for p in parameters]) - before)
         if setup.get("zero_m") and step == spike_at:  # forget the spike's momentum, keep v
             for state in optimizer.state.values():
                 state["m"].zero_()
+        beta = dict(zip("mv", optimizer.param_groups[0]["betas"]))
+        for key, previous in moments.items():  # the spike step's update stands; from here on,
+            for state, old in zip(optimizer.state.values(), previous):  # the moment forgets the
+                state[key] = beta[key] * old                             # spike's gradient only
         record["v"].append(sum(s["v"].sum().item() for s in optimizer.state.values()))
 
 
@@ -388,7 +394,10 @@ def spike_runs(tokens: torch.Tensor, setups: dict, *, steps: int = 80, spike_at:
 
     ``setups`` maps a name to its options: ``state_format`` (``"fp32"``, ``"bf16"``, ``"8bit"``),
     ``skip`` (skip the steps the detector flags), ``zero_m`` (zero ``m`` right after the spike
-    step), ``clip`` (clip the gradient norm to it). Returns, per name, the lists ``losses`` (every
+    step), ``spike_out_of_m`` / ``spike_out_of_v`` (right after the spike step, take the spike's
+    own gradient out of ``m`` / ``v``: ``m = beta1 * m_before``, ``v = beta2 * v_before``, as if
+    that gradient had been 0, the rest of the moment kept), ``clip`` (clip the gradient norm to
+    it). Returns, per name, the lists ``losses`` (every
     step), ``flagged`` (the flagged steps) and, for every step taken, ``norms`` (the gradient's
     norm before any clipping), ``updates`` (the change of all weights) and ``v`` (the sum of
     Adam's ``v``).

@@ -451,20 +451,25 @@ def _cpu_bf16_instructions() -> str | None:
     return "ARM BF16" if ask("_is_mkldnn_bf16_supported", torch.ops.mkldnn) else None
 
 
+#: Per-tensor current scaling in the HYBRID formats (Transformer Engine's Float8CurrentScaling).
+CURRENT_SCALING = Fp8Recipe(scaling="current")
+
+
 @dataclass(frozen=True)
 class PrecisionChoice:
     """What :func:`select_precision` chose, and why: one sentence per decision in ``reasons``.
     ``fallback``: what to train in if the choice misbehaves (compare with a short run in it).
-    ``fp8_recipe``: for ``"fp8"``, the name of the scaling recipe (a key of
-    :data:`mpcourse.fp8.RECIPES`) the GPU's tensor cores serve: ``"hybrid"`` (a scale per tensor)
-    on 8.9, 9.x and 12.x, ``"mxfp8"`` (a scale per block of 32, in hardware) on 10.x and 11.x."""
+    ``fp8_recipe``: for ``"fp8"``, the scaling recipe the GPU's tensor cores serve, as
+    Transformer Engine picks its default: ``"hybrid"`` (a scale per tensor, delayed) on 8.9 and
+    9.x, ``"mxfp8"`` (a scale per block of 32, in hardware) on 10.x and 11.x, and
+    :data:`CURRENT_SCALING` (a scale per tensor, from the tensor itself) on 12.x."""
 
     precision: str
     reasons: tuple[str, ...]
     profile: DeviceProfile
     tf32: bool = False
     fallback: str | None = None
-    fp8_recipe: str | None = None
+    fp8_recipe: str | Fp8Recipe | None = None
 
     def config(self, **options) -> TrainerConfig:
         """A :class:`TrainerConfig` with this precision (and TF32, and the FP8 recipe, where chosen)."""
@@ -531,12 +536,12 @@ def _select_cuda(profile: DeviceProfile, allow_fp8: bool) -> PrecisionChoice:
                                "one power-of-two E8M0 scale per 32 values), the recipe these tensor "
                                "cores are built for; NVFP4 (4-bit values) is the further step.")
             elif cap >= (12, 0):
-                recipe = "hybrid"
+                recipe = CURRENT_SCALING
                 reasons.append("It has FP8 tensor cores (12.x: consumer Blackwell), and FP8 was asked "
                                "for (allow_fp8=True): the linear layers run in FP8 with one scale per "
-                               "tensor (E4M3 forward, E5M2 gradients). Transformer Engine does not run "
-                               "MXFP8 on 12.x yet; its default there is per-tensor current scaling "
-                               "(Float8CurrentScaling).")
+                               "tensor, computed from the tensor itself (current scaling; E4M3 "
+                               "forward, E5M2 gradients). That is Transformer Engine's default on "
+                               "12.x (Float8CurrentScaling), where it does not run MXFP8 yet.")
             else:
                 recipe = "hybrid"
                 block = (" A scale per block of 128 (DeepSeek-V3's recipe, Transformer Engine's "

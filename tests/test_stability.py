@@ -286,3 +286,21 @@ def test_spike_runs_that_share_their_start_give_the_numbers_of_separate_runs():
             assert shared[name][key] == separate[name][key], (name, key)
         assert all(torch.equal(a, b) for a, b in zip(shared[name]["updates"], separate[name]["updates"]))
     assert shared["plain"]["losses"][22:] != shared["skipped"]["losses"][22:]
+
+
+def test_spike_runs_take_the_spike_out_of_one_moment_only():
+    # The ablation of chapter 12b: right after the spike step, m (or v) forgets the spike's own
+    # gradient, as if it had been 0, and keeps the rest; the spike step's own update stands.
+    torch.set_num_threads(1)
+    tokens = encode_text(addition_corpus(200))
+    setups = {"plain": {}, "out of m": dict(spike_out_of_m=True), "out of v": dict(spike_out_of_v=True)}
+    runs = stability.spike_runs(tokens, setups, steps=24, spike_at=21)
+    plain, out_of_m, out_of_v = runs.values()
+    for run in (out_of_m, out_of_v):
+        assert torch.equal(run["updates"][21], plain["updates"][21])  # the spike step itself
+    # v: the spike's square is gone, the decayed rest is kept
+    assert out_of_v["v"][21] == pytest.approx(0.999 * plain["v"][20], rel=1e-5)
+    assert plain["v"][21] > 10 * plain["v"][20] and out_of_m["v"][21] == plain["v"][21]
+    # m: the next update no longer points along the spike's
+    cosine = lambda run: torch.nn.functional.cosine_similarity(run["updates"][22], plain["updates"][21], dim=0)
+    assert cosine(plain) > 0.9 > 0.5 > cosine(out_of_m)

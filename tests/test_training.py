@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpcourse.fp8 import Fp8Linear, Fp8Recipe
+from mpcourse.fp8 import Fp8Linear, Fp8Recipe, get_recipe
 from mpcourse.training import (KNOWN_GPUS, PRECISIONS, DeviceProfile, MixedPrecisionTrainer,
                                PrecisionChoice, StepRecord, TrainerConfig, select_precision)
 from mpcourse.workloads import DigitsMLP, accuracy, load_digits
@@ -328,8 +328,13 @@ def test_select_precision_names_block_recipes_only_where_transformer_engine_runs
     assert "block of 128" not in ada and "needs 9.0" in ada
     assert "block of 128" in hopper and "CUDA 12.9" in hopper
     consumer = select_precision(capability=(12, 0), allow_fp8=True)
-    assert consumer.precision == "fp8" and consumer.fp8_recipe == "hybrid"
-    assert "per tensor" in " ".join(consumer.reasons) and "12.x" in " ".join(consumer.reasons)
+    assert consumer.precision == "fp8" and "per tensor" in " ".join(consumer.reasons)
+    assert "12.x" in " ".join(consumer.reasons) and "current scaling" in " ".join(consumer.reasons)
+    # what the reason says is what the trainer gets: Transformer Engine's 12.x default,
+    # per-tensor current scaling (get_default_fp8_recipe), not delayed scaling
+    recipe = get_recipe(consumer.config().fp8_recipe)
+    assert isinstance(recipe, Fp8Recipe) and recipe.scaling == "current"
+    assert (recipe.forward_format, recipe.backward_format) == ("e4m3", "e5m2")
     assert select_precision(capability=(10, 3), allow_fp8=True).fp8_recipe == "mxfp8"
 
 
