@@ -130,9 +130,12 @@ def _check_untampered() -> None:
             + ", ".join(replaced) + ". Restart the kernel and remove the code that replaces them.")
 
 
-def start(part: str, forbidden: tuple[str, ...] = ()) -> None:
+def start(part: str, forbidden: tuple[str, ...] = (), withheld: tuple[str, ...] = ()) -> None:
     """Begin the tests of `part`: refuses to go on if a function the tests use was replaced.
-    `forbidden`: names of torch functions (e.g. "softmax") the part's answer may not call."""
+    `forbidden`: names of torch functions (e.g. "softmax") the part's answer may not call.
+    `withheld`: the course library's functions the part asks you to write yourself
+    ("mpcourse.numerics.naive_softmax"): when your work is graded, the hidden tests run with a copy
+    of the library in which they are absent (calling one raises AttributeError). Here, nothing."""
     _check_untampered()
     _forbidden.clear()
     _forbidden.update(forbidden)
