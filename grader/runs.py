@@ -177,9 +177,12 @@ def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *
             if wanted & set().union(*map(defined_names, mine + theirs)):
                 needed.add(earlier)
                 wanted |= set().union(*map(used_names, mine + theirs))
+        try:
+            copy = source_text(cells[test]) if reference else student_copy(source_text(cells[test]), expected, withheld)
+        except ValueError as error:
+            raise ValueError(f"{test}: {error}") from None
         parts.append({"test_id": test, "names": sorted(expected),
-                      "cells": [[g, src] for g, src in answers if part_of(g) in needed],
-                      "test": source_text(cells[test]) if reference else student_copy(source_text(cells[test]), expected, withheld)})
+                      "cells": [[g, src] for g, src in answers if part_of(g) in needed], "test": copy})
     return {"secret": secret, "timeout": timeout, "setup": source_text(cells["setup"]), "parts": parts}
 
 

@@ -151,6 +151,11 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
     students = [s for s in (students or handed_in) if shard is None or in_shard(s, shard)]
     source = read_notebook(course / "solutions" / assignment / f"{assignment}.ipynb")
     release = read_notebook(course / "exercises" / assignment / f"{assignment}.ipynb")
+    try:  # the instructor's tests, checked once before anyone is graded: their problem is no student's grade
+        hidden_test_job(source, source, "", timeout)
+        declared(source)
+    except (ValueError, SyntaxError) as error:
+        raise ValueError(f"{assignment}: the exercise's tests cannot be graded (fix them in solutions/): {error}") from None
     points = {grade_id(c): float(c["metadata"]["nbgrader"]["points"]) for c in source["cells"]
               if grade_id(c) and c["metadata"]["nbgrader"].get("grade") and c["cell_type"] == "code"}
     secret = instructor_secret(course)

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import sync_colab_cells  # noqa: E402
 from grader import (fabricate, feedback, gradebook, hostile_corpus, notebooks, rehearsal, review_flags,  # noqa: E402
-                    runs, schedule)
+                    runs, schedule, withheld)
 from grader.course import assignments, make_course, nbgrader  # noqa: E402
 
 EXERCISES = ["ex1_precision_comparison", "ex2_loss_scaling", "ex3_dynamic_range",
@@ -355,7 +355,8 @@ def test_hidden_tests_get_their_answer_cells_and_the_instructors_tests_only():
     assert [part["test_id"] for part in job["parts"]] == list(points(HOSTILE_TARGET))
     reference = runs.hidden_test_job(source, source, "s3cret", 5, reference=True)
     for part, theirs in zip(job["parts"], reference["parts"]):
-        assert part["test"] == runs.without_expected(tests[part["test_id"]])  # the instructor's, less expected values
+        # the instructor's, less expected values and what computes them (the student's copy)
+        assert part["test"] == runs.student_copy(tests[part["test_id"]], part["names"], withheld.declared(source))
         assert theirs["test"] == tests[part["test_id"]]
         assert all(notebooks.part_of(cell) <= notebooks.part_of(part["test_id"]) for cell, _ in part["cells"])
     assert job["secret"] == "s3cret"
