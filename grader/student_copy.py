@@ -9,18 +9,20 @@ expected value, and every function that computes one, exists only in the referen
 grader/judge.py compares with the student's. An answer that walks the call stack into the tests'
 namespace finds the inputs it was given and nothing that computes an answer. Three steps:
 
-1. every check's expected value (`assert_close`, `assert_equal`) becomes None;
+1. every check's expected value (`assert_close`, `assert_equal`) becomes None, and its tolerances
+   0 (the judge uses the reference's; a tolerance may be computed from the expected value);
 2. what then computes nothing the copy still uses goes: a function or class the cell defines, an
    import, an assignment whose names nothing reads any more (repeated until nothing changes);
    a statement that calls `grading` or one of the student's functions (`names`) always stays;
 3. what would still compute an expected value in the student's process is refused, with its line
-   (ValueError): a function or class of the cell that a check's expected value used (directly,
-   through a name assigned from it, or through another helper) and that something else still
-   uses; a use of a library function the grader withholds from the student's sandbox
-   (`withheld`, grader/withheld.py).
+   (ValueError): a function or class of the cell that a check's expected value used (directly or
+   through a name assigned from it) and that something else still uses; a use of a library
+   function the grader withholds from the student's sandbox (`withheld`, grader/withheld.py).
 
-Removing an assignment that drew random numbers would shift the inputs that follow it: the
-exercise's full solution would then fail its own hidden tests, which the course's tests grade.
+Not refused: a helper that such a helper calls and the cell also uses elsewhere (keep reference
+computations in helpers of their own). Removing an assignment that drew random numbers would
+shift the inputs that follow it: the exercise's full solution would then fail its own hidden
+tests, which the course's tests grade.
 """
 import ast
 import importlib
@@ -154,12 +156,12 @@ def defined_helpers(tree: ast.Module) -> dict[str, ast.stmt]:
 
 def expected_names(tree: ast.Module, stripped: ast.Module, removed: list[ast.expr], kept_names: set[str]) -> set[str]:
     """Names that compute an expected value (in the original cell, `tree`): read by a check's
-    expected value or tolerance, or by the value assigned to such a name. Not followed: what the
-    student's code returns (an assignment that calls `grading`, a student's function or a helper
-    that does, a driver) and what it is given (a name passed to a driver in `stripped`, the cell
-    without its expected values). Nor the helpers such a helper calls: one that also reads the
-    student's results (a function that takes a run's state, say) stays in the copy, computing
-    nothing without its caller."""
+    expected value or tolerance, or by the value assigned to such a name, less the drivers of the
+    student's code (`grading`, the student's functions, a helper that calls them). Not followed:
+    what the student's code is given (an assignment to a name passed to a driver in `stripped`,
+    the cell without its expected values: an input), nor the helpers such a helper calls (one that
+    also reads the student's results, a function that takes a run's state, say, stays in the copy,
+    computing nothing without its caller)."""
     helpers = defined_helpers(tree)
     drivers = set(kept_names)
     while True:
@@ -174,7 +176,7 @@ def expected_names(tree: ast.Module, stripped: ast.Module, removed: list[ast.exp
     names = set().union(*(set(loads(e)) for e in removed)) if removed else set()
     assignments = [s for node, field in blocks(tree) for s in getattr(node, field)
                    if isinstance(s, (ast.Assign, ast.AnnAssign)) and s.value is not None
-                   and not set(loads(s.value)) & drivers and not set(bound_names(s) or ()) & given]
+                   and not set(bound_names(s) or ()) & given]
     while True:
         more = set(names)
         for statement in assignments:

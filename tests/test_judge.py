@@ -203,6 +203,8 @@ def test_the_students_copy_keeps_no_function_or_value_that_computes_an_expected_
     ("def ref(x):\n    return x + 1\n\n\ngrading.assert_equal(f(1), ref(1))\nassert f(2) == ref(2)\n", 1, "ref"),
     ("y = 2\n\n\nclass Ref:\n    def of(self, x):\n        return x + 1\n\n\nwant = Ref().of(y)\n"
      "grading.assert_equal(f(y), want)\nprint(want)\n", 4, "Ref"),
+    ("def ref(x):\n    return x + 1\n\n\ngot, want = grading.own_work(f, 1), ref(1)\ngrading.assert_equal(got, want)\n",
+     1, "ref"),  # kept for the student's call beside it
 ])
 def test_the_students_copy_refuses_a_reference_computation_it_cannot_remove(test, line, name):
     with pytest.raises(ValueError, match=f"line {line}: {name}, defined in the test cell, computes an expected value"):
