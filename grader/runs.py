@@ -90,6 +90,16 @@ def threads(limits) -> dict:
     return {name: count for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
 
 
+def installed_library() -> Path | None:
+    """A copy of `mpcourse/` inside the Python environment a sandbox shows (a non-editable
+    install), or None."""
+    import site
+    for folder in [*site.getsitepackages(), site.getusersitepackages()]:
+        if (Path(folder) / "mpcourse").is_dir():
+            return Path(folder) / "mpcourse"
+    return None
+
+
 class BrokenEnvironment(RuntimeError):
     pass
 
@@ -104,6 +114,11 @@ def environment_problem(sandbox: bool) -> str | None:
     check = "import mpcourse, torch, nbgrader"
     if (sandbox, ROOT) in ENVIRONMENT_CHECKED:
         return None
+    installed = installed_library()
+    if installed:
+        return (f"the course library is installed in the Python environment itself ({installed}), which every "
+                "sandbox shows: a student's sandbox could read there the functions grading withholds from it "
+                "(grader/withheld.py). Install it editable (pip install -e .) or not at all")
     with tempfile.TemporaryDirectory(prefix="grading-check-") as scratch:
         (Path(scratch) / "work").mkdir()
         run = run_sandboxed(["python", "-c", check], folder=Path(scratch), limits=sandboxing.Limits(180, 180),

@@ -323,3 +323,13 @@ def test_a_part_that_withholds_something_the_library_lacks_is_refused_with_the_l
     with pytest.raises(ValueError, match=problem):
         withheld.declared_in(f'x = 1\ngrading.start("Part 1", {declaration})\n')
     assert withheld.declared_in('grading.start("Part 1", withheld=("mpcourse.fp8.quantize",))') == ["mpcourse.fp8.quantize"]
+
+
+def test_grading_refuses_an_environment_that_holds_a_copy_of_the_whole_library(tmp_path, monkeypatch):
+    """A non-editable install puts mpcourse/ in site-packages, which every sandbox shows: the
+    student's sandbox could read there what its own copy withholds."""
+    import site
+    (tmp_path / "mpcourse").mkdir()
+    monkeypatch.setattr(site, "getsitepackages", lambda: [str(tmp_path)])
+    monkeypatch.setattr(runs, "ENVIRONMENT_CHECKED", set())
+    assert "installed in the Python environment itself" in runs.environment_problem(True)
