@@ -15,8 +15,9 @@ namespace finds the inputs it was given and nothing that computes an answer. Thr
    import, an assignment whose names nothing reads any more (repeated until nothing changes);
    a statement that calls `grading` or one of the student's functions (`names`) always stays;
 3. what would still compute an expected value in the student's process is refused, with its line
-   (ValueError): a function or class of the cell that a check's expected value used (directly or
-   through a name assigned from it) and that something else still uses; a use of a library
+   (ValueError): a function or class of the cell (or a lambda assigned to a name) that a check's
+   expected value used (directly or through a name assigned from it) and that something else
+   still uses; a use of a library
    function the grader withholds from the student's sandbox (`withheld`, grader/withheld.py).
 
 Not refused: a helper that such a helper calls and the cell also uses elsewhere (keep reference
@@ -237,6 +238,14 @@ def student_copy(test: str, names=(), withheld=()) -> str:
                          "copy of the tests, where an answer can call it: compute expected values only inside "
                          "the checks' expected arguments (assert_close(actual, expected)), with helpers nothing "
                          "else uses")
+    for node, field in blocks(tree):
+        for statement in getattr(node, field):
+            if (isinstance(statement, (ast.Assign, ast.AnnAssign)) and set(bound_names(statement) or ()) & expected
+                    and any(isinstance(n, ast.Lambda) for n in ast.walk(statement))):
+                raise ValueError(f"line {statement.lineno}: a function assigned there (a lambda) computes an expected "
+                                 "value and is also used outside the checks' expected values, so it would stay in the "
+                                 "student's copy of the tests: compute expected values only inside the checks' "
+                                 "expected arguments")
     for line, path in withheld_uses(tree, withheld):
         raise ValueError(f"line {line}: the student's copy of the tests would use {path}, which grading withholds "
                          "from the student's sandbox (a part asks students to write it): use it only inside the "
