@@ -4,7 +4,7 @@ job, starts the sandbox, and reads back what came out of it, as data.
 
     run_feedback(template, submission, release, assignment, timeout, sandbox, folder) -> (notebook as run or None, why not)
     hidden_test_job(source, submission, secret, timeout, reference=False) -> the job of grader/hidden_tests.py
-    run_hidden_tests(folder, job, sandbox, timeout) -> (record of each part, None) or (None, why not)
+    run_hidden_tests(folder, job, sandbox, timeout, library=None) -> (record of each part, None) or (None, why not)
 
 1. The feedback run: the submitted notebook runs under nbgrader against the *release* (visible
    tests only), in a copy of a course that holds nothing but the release (`template_course`), so
@@ -12,14 +12,15 @@ job, starts the sandbox, and reads back what came out of it, as data.
    pipe, as data. No grade depends on this run, and it stops after `feedback_seconds(timeout)`
    whatever the number of cells.
 2. The student's hidden-test run: grader/hidden_tests.py runs each part's test cell, hidden tests
-   included, in the student's copy (grader/student_copy.py: no expected value, nothing that computes one), on the
-   student's answer cells only; the job goes in on its stdin, the record comes out on the result
-   pipe.
+   included, in the student's copy (grader/student_copy.py: no expected value, nothing that
+   computes one), on the student's answer cells only, importing a copy of the course library less
+   what the parts ask students to write (grader/withheld.py); the job goes in on its stdin, the
+   record comes out on the result pipe.
 3. The reference run: the same tests, expected values kept, on the instructor's solution cells,
    with the same secret.
 
 Every sandbox sees the system's /usr, the Python environment, the course library (`mpcourse/`
-only, never `grader/`) and the files of its run, as an unprivileged user with a cleared
+only, never `grader/`; the student's hidden-test run, only its copy) and the files of its run, as an unprivileged user with a cleared
 environment, RAM-backed /tmp the only writable place, limits on processes, memory, CPU and
 wall-clock time (grader/sandbox.py).
 """
