@@ -283,9 +283,14 @@ def test_tests_that_would_leave_a_reference_computation_to_students_stop_grading
     """Issue 45: an instructor's test cell whose helper computing an expected value stays in the
     student's copy (a plain assert uses it too) is the instructor's problem, said with its line,
     before any student is graded: no student gets a grade from it."""
-    course = course_of(tmp_path / "course", {"ada": {}})
+    course = tmp_path / "course"  # only what grading reads before it grades anyone
+    for folder in ("solutions", "exercises", "submitted/ada"):
+        (course / folder / ASSIGNMENT).mkdir(parents=True)
+    release = (ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text()
+    (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").write_text(release)
+    (course / "submitted" / "ada" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").write_text(release)
     path = course / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
-    source = notebooks.read_notebook(path)
+    source = notebooks.read_notebook(ROOT / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
     for cell in source["cells"]:
         if notebooks.grade_id(cell) == "p4_tests":
             cell["source"] = notebooks.source_text(cell).replace(
