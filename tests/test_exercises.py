@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import sync_colab_cells  # noqa: E402
 from grader import (fabricate, feedback, gradebook, hostile_corpus, notebooks, rehearsal, review_flags,  # noqa: E402
-                    runs, schedule)
+                    runs, schedule, withheld)
 from grader.course import assignments, make_course, nbgrader  # noqa: E402
 
 EXERCISES = ["ex1_precision_comparison", "ex2_loss_scaling", "ex3_dynamic_range",
@@ -215,7 +215,11 @@ def test_calling_the_library_instead_of_implementing_scores_nothing_for_that_par
     for gid, p in points(assignment).items():
         if notebooks.part_of(gid) in copied:
             assert scores[assignment]["reference"][gid] == 0
-            assert "calls the course library" in graded_outputs(workdir, assignment, "reference", assignment, gid)
+            # the library's function is not there to call (issue 45), or, where no part withholds
+            # one (ex3: a rounding primitive), the own-work check names the call
+            shown = " ".join(graded_outputs(workdir, assignment, "reference", assignment, gid).replace("\\n", " ").split())
+            assert ("is withheld while your work is graded" in shown if withheld.declared(
+                fabricate.notebook(ROOT / "solutions", assignment)) else "calls the course library" in shown), shown
         else:
             assert scores[assignment]["reference"][gid] == p
 
@@ -266,21 +270,26 @@ def test_the_targeted_attacks_are_caught_for_the_reason_they_exist(graded_with_r
     if NO_SANDBOX:
         pytest.skip(NO_SANDBOX)
     messages = graded_with_reports[2]["hostile"].messages
-    assert "switched off" in messages["watcher_switched_off"]["p3_tests"]
+    # the watcher switched off around the library's reference: the reference is not there (issue 45)
+    assert "is withheld while your work is graded" in messages["watcher_switched_off"]["p3_tests"]
     assert "torch.softmax" in messages["forbidden_softmax"]["p3_tests"]
     assert "overflow_threshold" in messages["uses_the_tests_helper"]["p2_tests"]
     assert "subclass of float" in messages["always_equal_float"]["p2_tests"]
 
 
 @needs_sandbox
-def test_what_the_grader_cannot_prove_gets_what_its_values_earn_and_is_flagged(graded_with_reports):
-    """An answer that calls the library's reference after rewriting the library's code objects
-    fools the own-work check, an observation its own process makes: it gets the points its values
-    earn (the instructor guide says so), and the report names it to be read."""
+def test_the_library_reached_around_the_watcher_is_not_there_and_still_flagged(graded_with_reports):
+    """Issue 45: an answer that calls the library's reference after rewriting the library's code
+    objects (once a documented limit: the own-work check, made in its own process, was fooled), or
+    through a thread started before the tests, finds the function absent from the sandbox's
+    library; the review flags still name the first for the instructor."""
     _, scores, reports = graded_with_reports
-    assert scores["hostile"]["rewrites_library_code"] == points(HOSTILE_TARGET)
+    messages = reports["hostile"].messages
+    for student, part in (("rewrites_library_code", "p3"), ("library_in_a_thread", "p1"), ("library_in_a_thread", "p3")):
+        assert "is withheld while your work is graded" in messages[student][f"{part}_tests"], (student, part)
     flags = reports["hostile"].flags["rewrites_library_code"]["p3"]
     assert "rewrites code objects" in flags and any("course library" in flag for flag in flags)
+    assert "fn=exp(2 t)" in messages["constant_table"]["p2_tests"]  # a table has no answer for another fn
 
 
 @needs_sandbox
@@ -350,7 +359,8 @@ def test_hidden_tests_get_their_answer_cells_and_the_instructors_tests_only():
     assert [part["test_id"] for part in job["parts"]] == list(points(HOSTILE_TARGET))
     reference = runs.hidden_test_job(source, source, "s3cret", 5, reference=True)
     for part, theirs in zip(job["parts"], reference["parts"]):
-        assert part["test"] == runs.without_expected(tests[part["test_id"]])  # the instructor's, less expected values
+        # the instructor's, less expected values and what computes them (the student's copy)
+        assert part["test"] == runs.student_copy(tests[part["test_id"]], part["names"], withheld.declared(source))
         assert theirs["test"] == tests[part["test_id"]]
         assert all(notebooks.part_of(cell) <= notebooks.part_of(part["test_id"]) for cell, _ in part["cells"])
     assert job["secret"] == "s3cret"
