@@ -1,7 +1,7 @@
 """Observations, not verdicts (issue 32): the student's process records what its answers did, the
 reference solution's process records the same tests' expected values, and grader/judge.py decides
 from the two records without running student code. The attacks on the sandboxed grader are in the
-hostile corpus (tests/test_exercises.py); here: the judge on forged and damaged records, the
+hostile corpus (tests/test_hostile_corpus.py); here: the judge on forged and damaged records, the
 student's copy of the tests without expected values, and the attack that copy defeats."""
 import ast
 import base64
