@@ -7,6 +7,8 @@ A submission's path, one way through the package, and the side each module is on
     collect        LMS downloads into submitted/                                   never runs student code
     notebooks      the submission and the instructor's notebooks, read as JSON     never runs student code
     review_flags   answers to read by hand (parsed only)                           never runs student code
+    student_copy   the student's copy of the tests: nothing computes an answer     never runs student code
+    withheld       the library the student's sandbox imports, less the answers     never runs student code
     runs           the feedback run, the student's and the reference's
                    hidden-test runs, each in a sandbox of its own                  runs student code (in sandboxes)
     sandbox        the sandbox itself (bubblewrap, an unprivileged user, limits)   runs student code (confined)

@@ -24,7 +24,7 @@ import nbformat
 
 from grader.course import ROOT
 from grader.hostile_corpus import (BUSY, EDITS, ENTITY_LINKS, FILLS, FOOLS, HOSTILE, HUGE_OUTPUT, IGNORES_SIGINT,
-                                   LEAK, LIMITS, SLOW_C_CALL, STEAL, SWAP, TARGETED, VANDAL, XSS_CODE, XSS_MARKDOWN)
+                                   IN_A_THREAD, LEAK, LIMITS, SLOW_C_CALL, STEAL, SWAP, TARGETED, VANDAL, XSS_CODE, XSS_MARKDOWN)
 from grader.notebooks import grade_id, part_of
 
 SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
@@ -90,6 +90,21 @@ def wrong_answers(assignment: str, prefix: str = "", body: str = "", value: str 
     return {gid: prefix + "".join(f"def {name}(*args, **kwargs):\n    {body or 'pass'}\n    return {value}\n\n\n"
                                   for name in function_names(src))
             for gid, src in solution_cells(assignment).items()}
+
+
+def in_a_thread(source: str) -> str:
+    """An answer cell whose functions run in a thread started before the tests (issue 45): the
+    own-work watcher (threading.setprofile) never reaches it. Classes are left as they are."""
+    tree = ast.parse(source)
+    names = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            node.name = f"_{node.name}_in_a_thread"
+    wrappers = "".join(f"\n\ndef {name}(*args, **kwargs):\n"
+                       f"    if _threading.current_thread() is not _threading.main_thread():  # already in it\n"
+                       f"        return _{name}_in_a_thread(*args, **kwargs)\n"
+                       f"    return _pool.submit(_{name}_in_a_thread, *args, **kwargs).result()\n" for name in names)
+    return IN_A_THREAD + "import threading as _threading\n" + ast.unparse(tree) + "\n" + wrappers
 
 
 def edit(student_cells: dict, change) -> dict:

@@ -143,17 +143,95 @@ TARGETED = {
         "        x = torch.nextafter(x, torch.tensor(math.inf, dtype=dtype))\n"
         "    return x.item()\n")},
 }
-# What the grader cannot prove (instructor guide): an answer that calls the library's reference
-# after rewriting the code objects of the library's functions (so the own-work watcher does not
-# see them) gets the points its correct values earn; the review flags name it for the instructor.
-LIMITS = {
+# Issue 45: what the student's sandbox held that computes answers. The library's reference,
+# reached where the own-work watcher does not look: after rewriting the code objects of the
+# library's functions (once a documented limit), or through a thread started before the tests
+# (threading.setprofile never reaches it). Both score 0: the sandbox's library lacks the function.
+# The review flags still name the first for the instructor.
+IN_A_THREAD = (
+    "import concurrent.futures as _futures\n"
+    "_pool = _futures.ThreadPoolExecutor(1)\n"
+    "_pool.submit(int).result()  # the worker exists before the tests start watching\n")
+TARGETED.update({
     "rewrites_library_code": {"p3_solution": (
         "from mpcourse import numerics as _numerics\n"
         "for _f in (_numerics.stable_softmax, _numerics._wide, _numerics._check_floating):\n"
         "    _f.__code__ = _f.__code__.replace(co_filename='<a notebook cell>')\n"
         "\n\ndef stable_softmax(x, dim=-1):\n"
         "    return _numerics.stable_softmax(x, dim=dim)\n")},
+    "library_in_a_thread": {
+        "p1_solution": IN_A_THREAD + (
+            "import mpcourse.numerics as _numerics\n"
+            "\n\ndef naive_softmax(x, dim=-1):\n"
+            "    return _pool.submit(_numerics.naive_softmax, x, dim=dim).result()\n"),
+        "p3_solution": IN_A_THREAD + (
+            "import mpcourse.numerics as _numerics\n"
+            "\n\ndef stable_softmax(x, dim=-1):\n"
+            "    return _pool.submit(_numerics.stable_softmax, x, dim=dim).result()\n")},
+    # ex4 Part 2 asked for a function of the dtype alone: a table of the four answers got 3/3.
+    "constant_table": {"p2_solution": (
+        "def first_overflow(dtype, device='cpu', fn=None):\n"
+        "    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:\n"
+        "        raise TypeError('a floating-point dtype, please')\n"
+        "    return {torch.float16: 11.09375, torch.bfloat16: 89.0, torch.float32: 88.72283935546875,\n"
+        "            torch.float64: 709.7827128933841}[dtype]\n")},
+})
+# Walks up the call stack into the tests' namespace and calls whatever function the tests defined
+# there (names built from strings: nothing to flag), preferring the ones that compute expected
+# values; the answers of FOOLS otherwise. Issue 45: ex8's `reference_divergence` and
+# `reference_breaks` gave it 5 points. The student's copy of the tests keeps no such function.
+WALKS_THE_STACK = (
+    "import sys as _sys\n"
+    "_walking = []\n"
+    "\n\ndef _from_the_tests(*args, **kwargs):\n"
+    "    if _walking:\n"
+    "        raise RecursionError('already walking')\n"
+    "    _walking.append(1)\n"
+    "    try:\n"
+    "        frame = getattr(_sys, '_get' + 'frame')(2)\n"
+    "        while frame is not None:\n"
+    "            found = [v for v in list(frame.f_globals.values()) + list(frame.f_locals.values())\n"
+    "                     if callable(v) and getattr(getattr(v, '__code__', None), 'co_filename', '').startswith('<tests')]\n"
+    "            found.sort(key=lambda v: not any(w in v.__name__ for w in ('refer' + 'ence', 'expe' + 'cted')))\n"
+    "            for helper in found:\n"
+    "                for call in (lambda: helper(*args, **kwargs), lambda: helper(*args, *kwargs.values())):\n"
+    "                    try:\n"
+    "                        return call()\n"
+    "                    except Exception:\n"
+    "                        pass\n"
+    "            frame = frame.f_back\n"
+    "    finally:\n"
+    "        _walking.clear()\n"
+    "    return 0.0\n\n\n")
+# The same, written for ex8 by a student with the source in hand: the tests' own first_divergence
+# and what_breaks_resume, found on the stack, and the visible tests' answers otherwise.
+EX8_WALKS_THE_STACK = {
+    "p3_solution": (
+        "import sys as _sys\n"
+        "\n\ndef first_divergence(steps=30, k=12, save=None, load=None, seed=0, width=32):\n"
+        "    if not 0 < k < steps:\n"
+        "        raise ValueError('0 < k < steps')\n"
+        "    frame = getattr(_sys, '_get' + 'frame')(1)\n"
+        "    while frame is not None:\n"
+        "        helper = frame.f_globals.get('refer' + 'ence_divergence')\n"
+        "        if helper is not None:\n"
+        "            return helper(steps, k, save, load, seed, width)\n"
+        "        frame = frame.f_back\n"
+        "    return (k, ('loss', 'weights')) if getattr(getattr(load, '__self__', None), 'keep_rng', False) else None\n"),
+    "p4_solution": (
+        "import sys as _sys\n"
+        "\n\ndef what_breaks_resume(steps=30, k=12, seed=0, width=32):\n"
+        "    frame = getattr(_sys, '_get' + 'frame')(1)\n"
+        "    while frame is not None:\n"
+        "        helper = frame.f_globals.get('refer' + 'ence_breaks')\n"
+        "        if helper is not None:\n"
+        "            return dict(helper(steps, k, seed, width))\n"
+        "        frame = frame.f_back\n"
+        "    return {piece: (k, ('loss', 'weights')) for piece in PIECES}\n"),
 }
+FOOLS["walks_the_stack"] = {"prefix": WALKS_THE_STACK, "in_functions": "return _from_the_tests(*args, **kwargs)"}
+# What the grader cannot prove (instructor guide), graded for what its values earn: none now.
+LIMITS: dict = {}
 ACCIDENTS = {
     "duplicated_test_cell": "p1_tests", "duplicated_solution_cell": "p2_solution",
     "test_cell_above_solution": "p3_tests", "test_cell_marked_solution": "p2_tests",

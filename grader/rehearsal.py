@@ -3,8 +3,8 @@ course: `make grade-demo` (`python -m grader demo`), `python -m grader check`, a
 gradings. Never runs student code itself: it grades through grader/schedule.py, which runs every
 submission in sandboxes.
 
-    grade_fabricated(course, assignment, students, timeout, execute=True) -> (scores, Report)
-    grade_many(workdir, {name: (assignment, students, timeout[, execute])}) -> {name: (scores, Report)}
+    grade_fabricated(course, assignment, students, timeout, execute=True, **options) -> (scores, Report)
+    grade_many(workdir, {name: (assignment, students, timeout[, execute])}, **options) -> {name: (scores, Report)}
     check(names, workdir)     # grade the standard submissions, print the scores
     demo(out)                 # a whole session in `out`: release, grading, feedback, grades.csv
 """
@@ -12,7 +12,6 @@ import csv
 import shutil
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from grader import schedule
@@ -29,22 +28,23 @@ def grade_all(course: Path, assignment: str, timeout: int, execute=True, sandbox
         return schedule.grade(course, assignment, timeout=timeout, execute=execute, sandbox=sandbox, **options)
 
 
-def grade_fabricated(course: Path, assignment: str, students: dict[str, dict], timeout: int, execute=True):
-    """Release `assignment` into `course`, submit `students`, grade; return (scores, Report)."""
+def grade_fabricated(course: Path, assignment: str, students: dict[str, dict], timeout: int, execute=True,
+                     **options):
+    """Release `assignment` into `course`, submit `students`, grade (`options`: schedule.grade()'s);
+    return (scores, Report)."""
     shutil.rmtree(course, ignore_errors=True)
     make_course(course, [assignment])
     for student, cells in students.items():
         write_submission(course, assignment, student, cells)
-    report = grade_all(course, assignment, timeout, execute)
+    report = grade_all(course, assignment, timeout, execute, **options)
     return scores(course, assignment), report
 
 
-def grade_many(workdir: Path, jobs: dict[str, tuple], workers: int = 1) -> dict:
-    """Grade several scratch courses one after the other (each grades one student per core at a time):
+def grade_many(workdir: Path, jobs: dict[str, tuple], **options) -> dict:
+    """Grade several scratch courses one after the other (each one student per core at a time,
+    unless `options`, schedule.grade()'s, say otherwise):
     {name: (assignment, students, timeout[, execute])} -> {name: (scores, Report)}."""
-    with ThreadPoolExecutor(workers) as pool:
-        futures = {name: pool.submit(grade_fabricated, workdir / name, *job) for name, job in jobs.items()}
-        return {name: future.result() for name, future in futures.items()}
+    return {name: grade_fabricated(workdir / name, *job, **options) for name, job in jobs.items()}
 
 
 def check(names: list[str], workdir: Path) -> None:

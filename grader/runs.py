@@ -4,7 +4,7 @@ job, starts the sandbox, and reads back what came out of it, as data.
 
     run_feedback(template, submission, release, assignment, timeout, sandbox, folder) -> (notebook as run or None, why not)
     hidden_test_job(source, submission, secret, timeout, reference=False) -> the job of grader/hidden_tests.py
-    run_hidden_tests(folder, job, sandbox, timeout) -> (record of each part, None) or (None, why not)
+    run_hidden_tests(folder, job, sandbox, timeout, library=None) -> (record of each part, None) or (None, why not)
 
 1. The feedback run: the submitted notebook runs under nbgrader against the *release* (visible
    tests only), in a copy of a course that holds nothing but the release (`template_course`), so
@@ -12,14 +12,15 @@ job, starts the sandbox, and reads back what came out of it, as data.
    pipe, as data. No grade depends on this run, and it stops after `feedback_seconds(timeout)`
    whatever the number of cells.
 2. The student's hidden-test run: grader/hidden_tests.py runs each part's test cell, hidden tests
-   included, from the instructor's source less its expected values (`without_expected`), on the
-   student's answer cells only; the job goes in on its stdin, the record comes out on the result
-   pipe.
+   included, in the student's copy (grader/student_copy.py: no expected value, nothing that
+   computes one), on the student's answer cells only, importing a copy of the course library less
+   what the parts ask students to write (grader/withheld.py); the job goes in on its stdin, the
+   record comes out on the result pipe.
 3. The reference run: the same tests, expected values kept, on the instructor's solution cells,
    with the same secret.
 
 Every sandbox sees the system's /usr, the Python environment, the course library (`mpcourse/`
-only, never `grader/`) and the files of its run, as an unprivileged user with a cleared
+only, never `grader/`; the student's hidden-test run, only its copy) and the files of its run, as an unprivileged user with a cleared
 environment, RAM-backed /tmp the only writable place, limits on processes, memory, CPU and
 wall-clock time (grader/sandbox.py).
 """
@@ -35,6 +36,8 @@ from grader import sandbox as sandboxing
 from grader.course import ENV, ROOT, nbgrader_command
 from grader.notebooks import grade_id, parse_notebook, part_of, source_text, without_magics
 from grader.review_flags import PARSING  # one lock: ast.parse is not thread-safe in 3.11
+from grader.student_copy import CHECKS_WITH_EXPECTED, student_copy, without_expected  # noqa: F401
+from grader.withheld import declared
 
 HIDDEN_TESTS = Path(__file__).resolve().parent / "hidden_tests.py"  # copied, alone, into its sandbox
 
@@ -56,21 +59,27 @@ def feedback_seconds(timeout: int) -> int:
     return 60 + 3 * timeout
 
 
-def python_environment() -> list[Path]:
+def python_environment(library: bool = True) -> list[Path]:
     """What a sandbox shows of the grader's Python: the environment, its base installation and
-    the course library (only `mpcourse/` of the repository)."""
+    the course library (only `mpcourse/` of the repository; not `library`: the sandbox gets a copy)."""
     shown = {Path(sys.prefix), Path(sys.base_prefix).resolve(), Path(sys.executable).resolve().parent.parent,
-             ROOT / "mpcourse"}
+             *([ROOT / "mpcourse"] if library else [])}
     return sorted(p for p in shown if p.is_dir())
 
 
-def run_sandboxed(command: list[str], *, folder: Path, limits, sandbox: bool, stdin: bytes = b""):
+def run_sandboxed(command: list[str], *, folder: Path, limits, sandbox: bool, stdin: bytes = b"",
+                  library: Path | None = None):
     """grader/sandbox.py's run, with the Python environment shown and the library importable. The
-    sandbox sees what `folder` holds, read-only, as $GRADING (/grading), and writes in $WORK (/tmp)."""
+    sandbox sees what `folder` holds, read-only, as $GRADING (/grading), and writes in $WORK (/tmp).
+    `library`: a folder holding the copy of `mpcourse/` to import (grader/withheld.py), shown as
+    /grading/library instead of the course's."""
     host = folder
     files = {f"/grading/{entry.name}": entry for entry in sorted(folder.iterdir())}
-    return sandboxing.run(command, show=python_environment(), files=files, limits=limits, stdin=stdin,
-                          env={"PYTHONPATH": str(ROOT), "GRADING": "/grading" if sandbox else str(host),
+    if library is not None:
+        files["/grading/library"] = library
+    path = (("/grading/library" if sandbox else str(library)) if library is not None else str(ROOT))
+    return sandboxing.run(command, show=python_environment(library is None), files=files, limits=limits, stdin=stdin,
+                          env={"PYTHONPATH": path, "GRADING": "/grading" if sandbox else str(host),
                                "WORK": "/tmp" if sandbox else str(host / "work"), **threads(limits)}, sandbox=sandbox)
 
 
@@ -80,6 +89,16 @@ def threads(limits) -> dict:
     the share only wait for each other, slowing an honest part when students are graded side by side."""
     count = str(max(1, int(limits.cpus)))
     return {name: count for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+
+
+def installed_library() -> Path | None:
+    """A copy of `mpcourse/` inside the Python environment a sandbox shows (a non-editable
+    install), or None."""
+    import site
+    for folder in [*site.getsitepackages(), site.getusersitepackages()]:
+        if (Path(folder) / "mpcourse").is_dir():
+            return Path(folder) / "mpcourse"
+    return None
 
 
 class BrokenEnvironment(RuntimeError):
@@ -96,6 +115,11 @@ def environment_problem(sandbox: bool) -> str | None:
     check = "import mpcourse, torch, nbgrader"
     if (sandbox, ROOT) in ENVIRONMENT_CHECKED:
         return None
+    installed = installed_library()
+    if installed:
+        return (f"the course library is installed in the Python environment itself ({installed}), which every "
+                "sandbox shows: a student's sandbox could read there the functions grading withholds from it "
+                "(grader/withheld.py). Install it editable (pip install -e .) or not at all")
     with tempfile.TemporaryDirectory(prefix="grading-check-") as scratch:
         (Path(scratch) / "work").mkdir()
         run = run_sandboxed(["python", "-c", check], folder=Path(scratch), limits=sandboxing.Limits(180, 180),
@@ -139,56 +163,14 @@ def used_names(source: str) -> set[str]:
         return set()
 
 
-CHECKS_WITH_EXPECTED = {"assert_close", "assert_equal"}
-
-
-def without_expected(test: str) -> str:
-    """A test cell with the expected value of every `assert_close` and `assert_equal` check
-    replaced by None: the student's process never holds one, so it cannot record it as its own
-    answer (the reference's run keeps them; grader/judge.py compares)."""
-    class Strip(ast.NodeTransformer):
-        def visit_Call(self, node):
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-            for child in [*node.args, *node.keywords]:
-                self.visit(child)
-            if isinstance(node.func, ast.Attribute):
-                self.visit(node.func.value)
-            if name in CHECKS_WITH_EXPECTED:
-                if len(node.args) > 2 or any(k.arg is None for k in node.keywords) or any(
-                        isinstance(a, ast.Starred) for a in node.args):
-                    raise ValueError(f"line {node.lineno}: call {name} as {name}(actual, expected, ...): "
-                                     "the grader must find its expected value to remove it")
-                if len(node.args) >= 2:
-                    node.args[1] = ast.Constant(None)
-                node.keywords = [ast.keyword("expected", ast.Constant(None)) if k.arg == "expected" else k
-                                 for k in node.keywords]
-            return node
-
-        def visit_Name(self, node):  # `check = grading.assert_close` would hide a call from the grader
-            if node.id in CHECKS_WITH_EXPECTED:
-                raise ValueError(f"line {node.lineno}: {node.id} is used other than called")
-            return node
-
-        def visit_alias(self, node):
-            if node.name in CHECKS_WITH_EXPECTED and node.asname not in (None, node.name):
-                raise ValueError(f"{node.name} is imported as {node.asname}: call it by its name")
-            return node
-
-        def visit_Attribute(self, node):
-            if node.attr in CHECKS_WITH_EXPECTED:
-                raise ValueError(f"line {node.lineno}: {node.attr} is used other than called")
-            self.generic_visit(node)
-            return node
-    with PARSING:
-        tree = ast.parse(test)
-    return ast.unparse(ast.fix_missing_locations(Strip().visit(tree)))
-
-
 def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *, reference: bool = False) -> dict:
     """What grader/hidden_tests.py needs: the instructor's set-up and test cells, and per part the
     student's answer cells it depends on (its own, and earlier parts' that define a name it uses).
-    The test cells lose their expected values (`without_expected`) unless `reference` (the job of
-    the instructor's solution, `submission` then being the source)."""
+    The test cells are the student's copy (grader/student_copy.py) unless `reference` (the job of
+    the instructor's solution, `submission` then being the source). ValueError: the instructor's
+    tests would leave a reference computation in the student's copy, or use a library function
+    they withhold (grader/withheld.py)."""
+    withheld = [] if reference else declared(source)
     cells = {grade_id(c): c for c in source["cells"] if grade_id(c)}
     solutions = [g for g, c in cells.items() if c["metadata"]["nbgrader"].get("solution")]
     tests = [g for g, c in cells.items() if c["metadata"]["nbgrader"].get("grade") and c.get("cell_type") == "code"]
@@ -211,9 +193,12 @@ def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *
             if wanted & set().union(*map(defined_names, mine + theirs)):
                 needed.add(earlier)
                 wanted |= set().union(*map(used_names, mine + theirs))
+        try:
+            copy = source_text(cells[test]) if reference else student_copy(source_text(cells[test]), expected, withheld)
+        except ValueError as error:
+            raise ValueError(f"{test}: {error}") from None
         parts.append({"test_id": test, "names": sorted(expected),
-                      "cells": [[g, src] for g, src in answers if part_of(g) in needed],
-                      "test": source_text(cells[test]) if reference else without_expected(source_text(cells[test]))})
+                      "cells": [[g, src] for g, src in answers if part_of(g) in needed], "test": copy})
     return {"secret": secret, "timeout": timeout, "setup": source_text(cells["setup"]), "parts": parts}
 
 
@@ -273,14 +258,16 @@ def hidden_test_limits(parts: int, timeout: int) -> "sandboxing.Limits":
     return sandboxing.Limits(seconds=60 + 4 * parts * timeout, cpu_seconds=60 + parts * (timeout + 3))
 
 
-def run_hidden_tests(folder: Path, job: dict, sandbox: bool, timeout: int) -> tuple[dict | None, str | None]:
+def run_hidden_tests(folder: Path, job: dict, sandbox: bool, timeout: int,
+                     library: Path | None = None) -> tuple[dict | None, str | None]:
     """(record of each part, None) from grader/hidden_tests.py run on `job` in a sandbox of its own, or
     (None, why not). The record leaves on the result pipe, as JSON: data, never code. Both runs hash
-    strings alike (PYTHONHASHSEED=0), so a test that walks a set checks in the same order in each."""
+    strings alike (PYTHONHASHSEED=0), so a test that walks a set checks in the same order in each.
+    `library`: the copy of the course library the run imports (the student's: grader/withheld.py)."""
     folder.mkdir()
     shutil.copy(HIDDEN_TESTS, folder / "hidden_tests.py")
     run = run_sandboxed(["/bin/sh", "-c", 'exec env PYTHONHASHSEED=0 python "$GRADING/hidden_tests.py" - >&3 3>&-'], folder=folder,
-                        limits=hidden_test_limits(len(job["parts"]), timeout), sandbox=sandbox,
+                        limits=hidden_test_limits(len(job["parts"]), timeout), sandbox=sandbox, library=library,
                         stdin=json.dumps({**job, "sandboxed": sandbox}).encode())
     line = run.result.decode(errors="replace").strip().rsplit("\n", 1)[-1] if run.returncode == 0 else ""
     if not line.startswith("RESULT "):

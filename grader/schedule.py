@@ -8,7 +8,8 @@ itself: the runs do, in their sandboxes (grader/runs.py).
 One student's path, one way: the submission read as JSON (grader/notebooks.py; a submission that is
 or holds a symbolic link is refused, with the reason), its answers flagged for review
 (grader/review_flags.py), the feedback run, the student's hidden-test run and the reference's
-(grader/runs.py, each in a sandbox of its own), the judge (grader/judge.py: data, never code), then,
+(grader/runs.py, each in a sandbox of its own; the student's imports the course library less what the
+parts ask students to write, grader/withheld.py), the judge (grader/judge.py: data, never code), then,
 in the scheduler's thread, the gradebook (grader/gradebook.py), which also writes the feedback
 notebook (grader/feedback.py).
 
@@ -40,6 +41,7 @@ from grader.gradebook import (db_url, graded_students, instructor_secret, record
 from grader.notebooks import (grade_id, normalised, read_notebook, read_submission, recovered, renamed_note,
                               submitted_name)
 from grader.review_flags import review_flags
+from grader.withheld import declared, library_copy
 from grader.runs import (BrokenEnvironment, NoSandbox, environment_problem, hidden_test_job,  # noqa: F401
                          run_feedback, run_hidden_tests, sandbox_problem, template_course)
 
@@ -149,6 +151,11 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
     students = [s for s in (students or handed_in) if shard is None or in_shard(s, shard)]
     source = read_notebook(course / "solutions" / assignment / f"{assignment}.ipynb")
     release = read_notebook(course / "exercises" / assignment / f"{assignment}.ipynb")
+    try:  # the instructor's tests, checked once before anyone is graded: their problem is no student's grade
+        hidden_test_job(source, source, "", timeout)
+        declared(source)
+    except (ValueError, SyntaxError) as error:
+        raise ValueError(f"{assignment}: the exercise's tests cannot be graded (fix them in solutions/): {error}") from None
     points = {grade_id(c): float(c["metadata"]["nbgrader"]["points"]) for c in source["cells"]
               if grade_id(c) and c["metadata"]["nbgrader"].get("grade") and c["cell_type"] == "code"}
     secret = instructor_secret(course)
@@ -245,10 +252,11 @@ def grade_student(course, assignment, student, template, source, release, secret
         try:
             jobs = (("reference", hidden_test_job(source, source, secret, timeout, reference=True)),
                     ("student", hidden_test_job(source, submission, secret, timeout)))
+            library = {"reference": None, "student": library_copy(declared(source), Path(scratch) / "library")}
         except (ValueError, SyntaxError) as error:
             return None, ran, f"the exercise's tests cannot be graded (fix them in solutions/): {error}", note, flags
         for who, job in jobs:
-            records[who], problem = run_hidden_tests(Path(scratch) / who, job, sandbox, timeout)
+            records[who], problem = run_hidden_tests(Path(scratch) / who, job, sandbox, timeout, library[who])
             if problem:
                 return None, ran, f"the hidden-test runner ({who}) {problem}", note, flags
         try:

@@ -25,11 +25,14 @@ Two guard rails keep the grade honest:
   so a submission that replaces them with something that always agrees fails instead of passing.
 
 These run inside the student's Python process, so they stop accidents and casual tampering, not
-a determined attacker, and no grade depends on them. When the grader runs a part's tests
+a determined attacker, and no grade depends on them: graded, the library's functions a part asks
+for are not in the student's sandbox at all (`start(part, withheld=...)`, grader/withheld.py), and
+`own_work`'s record is a review flag. When the grader runs a part's tests
 (`grader/hidden_tests.py`, in a sandbox), this module *observes* instead of deciding: `assert_close`,
 `assert_equal`, `matches_reference`, `raises` and `own_work` record what the student's code did
 (values, shapes, dtypes, exception types, library calls) as data, and never raise for a wrong
-answer; the expected values were removed from the tests before they ran there. The same tests run
+answer; the expected values, and what computes them, were removed from the tests before they
+ran there. The same tests run
 on the instructor's reference solution in a sandbox of its own, on the same secret inputs, and
 `grader/judge.py`, which never runs student code, compares the two records (see the instructor
 guide). There `seed(n)` mixes the instructor's secret into the seeds of the hidden tests' random
@@ -130,9 +133,12 @@ def _check_untampered() -> None:
             + ", ".join(replaced) + ". Restart the kernel and remove the code that replaces them.")
 
 
-def start(part: str, forbidden: tuple[str, ...] = ()) -> None:
+def start(part: str, forbidden: tuple[str, ...] = (), withheld: tuple[str, ...] = ()) -> None:
     """Begin the tests of `part`: refuses to go on if a function the tests use was replaced.
-    `forbidden`: names of torch functions (e.g. "softmax") the part's answer may not call."""
+    `forbidden`: names of torch functions (e.g. "softmax") the part's answer may not call.
+    `withheld`: the course library's functions the part asks you to write yourself
+    ("mpcourse.numerics.naive_softmax"): when your work is graded, the hidden tests run with a copy
+    of the library in which they are absent (calling one raises AttributeError). Here, nothing."""
     _check_untampered()
     _forbidden.clear()
     _forbidden.update(forbidden)

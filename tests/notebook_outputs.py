@@ -11,10 +11,11 @@ are executed again. The ``built_book`` fixture (tests/conftest.py) waits for tha
 (`built_book_html`).
 
 The order of the run (pytest-xdist hands out whole files in the order they come, with
-``--no-loadscope-reorder``): the book's notebooks first, then the test modules, the largest first
-(as pytest-xdist would order them), and the tests that need the built book last. So the book is
-built while the test modules run, and a worker that waits for it waits only for notebooks
-running on other workers.
+``--no-loadscope-reorder``, the first ones round-robin): the book's notebooks first, then the two
+sandboxed gradings (`GRADINGS`, the longest modules: next to each other, so on two workers), then
+the other test modules, the largest first (as pytest-xdist would order them), and the tests that
+need the built book last. So the book is built while the test modules run, and a worker that
+waits for it waits only for notebooks running on other workers.
 """
 import os
 import subprocess
@@ -28,6 +29,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOK_TESTS = ("test_book.py", "test_browser.py")  # the modules that use the built book
+GRADINGS = ("test_exercises.py", "test_hostile_corpus.py")  # each grades its class, sandboxed, once
 EXPECTED = "expected.txt"  # the notebooks this session runs, one name a line
 NEEDS_BOOK = "needs-book"  # there: the session has tests that need the built book
 
@@ -43,14 +45,15 @@ def is_book_notebook(item) -> bool:
 
 
 def pytest_collection_modifyitems(items):
-    """Notebooks first, the book's tests last, the largest test modules first in between."""
+    """Notebooks first, then the gradings, the book's tests last, the largest test modules first in between."""
     sizes: dict = {}
     for item in items:
         sizes[item.path] = sizes.get(item.path, 0) + 1
 
     def order(item):
-        group = 0 if is_book_notebook(item) else 2 if item.path.name in BOOK_TESTS else 1
-        return group, -sizes[item.path] if group == 1 else 0, str(item.path)
+        name = item.path.name
+        group = 0 if is_book_notebook(item) else 1 if name in GRADINGS else 3 if name in BOOK_TESTS else 2
+        return group, -sizes[item.path] if group == 2 else 0, str(item.path)
 
     items.sort(key=order)  # stable: a file's tests keep their order
 

@@ -1,15 +1,14 @@
 """The eight graded exercises, end to end with the real nbgrader: the release is generated from the
-solutions and leaks nothing, and autograding gives the marks an instructor expects, to every
-kind of submission, including hostile ones, without hanging.
+solutions and leaks nothing, and autograding gives the marks an instructor expects to the
+fabricated submissions (full, blank, partial, calling the library), without hanging.
 
 Grading runs once per session (the `graded` fixture): each assignment in its own scratch course,
 with fabricated submissions (grader/fabricate.py says how they are made), by the grader package: hidden
-tests out of the student's process, one bubblewrap sandbox per student. The hostile corpus of
-issue 16 is graded in one run, with short timeouts, and only the submissions whose notebook run
-matters (feedback, output, kernel) are executed.
+tests out of the student's process, one bubblewrap sandbox per student. The hostile corpus has a
+module of its own (tests/test_hostile_corpus.py), so that the two gradings run side by side on
+two workers; the sandbox's own rules are tested here.
 """
 from html.parser import HTMLParser
-import hashlib
 import html
 import json
 import os
@@ -19,16 +18,15 @@ import threading
 import time
 from pathlib import Path
 
-import nbformat
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import sync_colab_cells  # noqa: E402
-from grader import (fabricate, feedback, gradebook, hostile_corpus, notebooks, rehearsal, review_flags,  # noqa: E402
-                    runs, schedule)
-from grader.course import assignments, make_course, nbgrader  # noqa: E402
+from grader import (fabricate, feedback, hostile_corpus, notebooks, rehearsal, review_flags,  # noqa: E402
+                    runs, schedule, withheld)
+from grader.course import assignments, make_course  # noqa: E402
 
 EXERCISES = ["ex1_precision_comparison", "ex2_loss_scaling", "ex3_dynamic_range",
              "ex4_softmax_stability", "ex5_mixed_precision_speedup", "ex6_fp8_quantization",
@@ -41,21 +39,23 @@ NO_SANDBOX = runs.sandbox_problem()
 needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no sandbox here: {NO_SANDBOX}")
 
 
+def students_at_once() -> int:
+    """Students each grading of the tests grades at once: this module's and the hostile corpus's
+    (tests/test_hostile_corpus.py) run side by side on two pytest workers, so each takes its
+    workers' share of the cores, and no sandbox waits for a core past its short timeout."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
 @pytest.fixture(scope="session")
 def graded_with_reports(tmp_path_factory):
-    """(scratch folder, {course: scores}, {course: schedule.Report}); feedback for the hostile course."""
+    """(scratch folder, {assignment: scores}, {assignment: schedule.Report}): the fabricated
+    submissions of every exercise, the solutions' notebooks run for their feedback."""
     if NO_SANDBOX:
         pytest.skip(f"grading refuses to run without a sandbox: {NO_SANDBOX}")
     workdir = tmp_path_factory.mktemp("grading")
     jobs = {name: (name, fabricate.submissions(name), 30, {"full"}) for name in ASSIGNMENTS}
-    jobs["hostile"] = (HOSTILE_TARGET, {s: c for s, c in fabricate.submissions(HOSTILE_TARGET, hostile=True).items()
-                                        if s not in ("full", "blank", "partial", "reference")}, 10, hostile_corpus.EXECUTED)
-    os.environ["MPCOURSE_INSTRUCTOR_TOKEN"] = hostile_corpus.INSTRUCTOR_TOKEN  # what a sandbox must not see
-    try:
-        results = rehearsal.grade_many(workdir, jobs)
-    finally:
-        del os.environ["MPCOURSE_INSTRUCTOR_TOKEN"]
-    nbgrader(workdir / "hostile", "generate_feedback", HOSTILE_TARGET, "--force")
+    results = rehearsal.grade_many(workdir, jobs, workers=students_at_once())
     return workdir, {k: v[0] for k, v in results.items()}, {k: v[1] for k, v in results.items()}
 
 
@@ -102,6 +102,15 @@ def test_the_feedback_check_sees_active_html_and_not_escaped_text():
     assert active_html('<img src=x onerror="alert(1)">', mark) and active_html("<iframe src=x></iframe>", mark)
     assert active_html('<a href="javascript:alert(1)">x</a>', mark)
     assert not active_html(f"<p>&lt;script&gt;alert('{mark}')&lt;/script&gt; &lt;img onerror=x&gt;</p>", mark)
+
+
+def dangerous_addresses(page: str) -> list[str]:
+    """Addresses in tags a browser would follow or run, with entities decoded and blanks dropped."""
+    parsed = TagCollector()
+    parsed.feed(page)
+    addresses = [re.sub(r"[\s\x00-\x1f]", "", html.unescape(value or "")).lower()
+                 for _, attrs in parsed.tags for name, value in attrs if name in ("href", "src", "action", "xlink:href")]
+    return [a for a in addresses if a.startswith(("javascript:", "vbscript:", "data:"))]
 
 
 def points(assignment):
@@ -215,122 +224,22 @@ def test_calling_the_library_instead_of_implementing_scores_nothing_for_that_par
     for gid, p in points(assignment).items():
         if notebooks.part_of(gid) in copied:
             assert scores[assignment]["reference"][gid] == 0
-            assert "calls the course library" in graded_outputs(workdir, assignment, "reference", assignment, gid)
+            # the library's function is not there to call (issue 45), or, where no part withholds
+            # one (ex3: a rounding primitive), the own-work check names the call
+            shown = " ".join(graded_outputs(workdir, assignment, "reference", assignment, gid).replace("\\n", " ").split())
+            assert ("is withheld while your work is graded" in shown if withheld.declared(
+                fabricate.notebook(ROOT / "solutions", assignment)) else "calls the course library" in shown), shown
         else:
             assert scores[assignment]["reference"][gid] == p
 
 
-def last_part_lost(assignment):
-    test_cells = list(points(assignment))
-    return {gid: (0 if gid == test_cells[-1] else p) for gid, p in points(assignment).items()}
-
-
 @needs_sandbox
-@pytest.mark.parametrize("student", HOSTILE)
-def test_a_hostile_last_part_loses_that_part_only_and_the_grader_finishes(graded, student):
-    _, scores = graded
-    assert scores["hostile"][student] == last_part_lost(HOSTILE_TARGET)
-
-
-@needs_sandbox
-def test_every_student_is_graded_and_a_dead_kernel_is_named(graded_with_reports):
+def test_every_student_is_graded(graded_with_reports):
     _, _, reports = graded_with_reports
-    for name, report in reports.items():
-        refused = hostile_corpus.REFUSED if name == "hostile" else {}
-        assert set(report.not_graded) == set(refused)
-        for student, why in refused.items():
-            assert why in report.not_graded[student]
-    assert "os_exit" in reports["hostile"].notes  # its notebook run died: named, feedback as submitted
+    assert {name: report.not_graded for name, report in reports.items()} == {name: {} for name in ASSIGNMENTS}
 
 
-# --- issue 16: the hostile corpus, graded in the one run above ---------------------------------
-
-@needs_sandbox
-@pytest.mark.parametrize("student", hostile_corpus.FOOLS)
-def test_no_marks_without_working_code(graded_with_reports, student):
-    _, scores, reports = graded_with_reports
-    assert scores["hostile"][student] == {gid: 0 for gid in points(HOSTILE_TARGET)}
-    assert set(reports["hostile"].messages[student]) == set(points(HOSTILE_TARGET))
-
-
-@needs_sandbox
-@pytest.mark.parametrize("student", hostile_corpus.TARGETED)
-def test_a_targeted_attack_scores_nothing_on_the_parts_it_attacks(graded, student):
-    _, scores = graded
-    attacked = {notebooks.part_of(gid) for gid in hostile_corpus.TARGETED[student]}
-    assert scores["hostile"][student] == {gid: (0 if notebooks.part_of(gid) in attacked else p)
-                                          for gid, p in points(HOSTILE_TARGET).items()}
-
-
-def test_the_targeted_attacks_are_caught_for_the_reason_they_exist(graded_with_reports):
-    if NO_SANDBOX:
-        pytest.skip(NO_SANDBOX)
-    messages = graded_with_reports[2]["hostile"].messages
-    assert "switched off" in messages["watcher_switched_off"]["p3_tests"]
-    assert "torch.softmax" in messages["forbidden_softmax"]["p3_tests"]
-    assert "overflow_threshold" in messages["uses_the_tests_helper"]["p2_tests"]
-    assert "subclass of float" in messages["always_equal_float"]["p2_tests"]
-
-
-@needs_sandbox
-def test_what_the_grader_cannot_prove_gets_what_its_values_earn_and_is_flagged(graded_with_reports):
-    """An answer that calls the library's reference after rewriting the library's code objects
-    fools the own-work check, an observation its own process makes: it gets the points its values
-    earn (the instructor guide says so), and the report names it to be read."""
-    _, scores, reports = graded_with_reports
-    assert scores["hostile"]["rewrites_library_code"] == points(HOSTILE_TARGET)
-    flags = reports["hostile"].flags["rewrites_library_code"]["p3"]
-    assert "rewrites code objects" in flags and any("course library" in flag for flag in flags)
-
-
-@needs_sandbox
-@pytest.mark.parametrize("student", hostile_corpus.ACCIDENTS)
-def test_an_honest_accident_costs_at_most_the_part_it_touches(graded, student):
-    _, scores = graded
-    lost = hostile_corpus.ACCIDENT_COSTS.get(student)  # lost if it outlasts the timeout: a slow C call may not
-    for gid, p in points(HOSTILE_TARGET).items():
-        assert scores["hostile"][student][gid] in ((0, p) if notebooks.part_of(gid) == lost else (p,)), gid
-    if student == "ignores_sigint":  # an endless loop always outlasts it
-        assert scores["hostile"][student]["p1_tests"] == 0
-
-
-@needs_sandbox
-def test_a_submission_cannot_touch_other_work_or_outlive_its_sandbox(graded):
-    workdir, scores = graded
-    assert scores["hostile"]["vandal"] == points(HOSTILE_TARGET)
-    course = workdir / "hostile"
-    for path in [course / "gradebook.db", *course.glob("submitted/*/*/*.ipynb")]:
-        assert not path.read_bytes().startswith(b"vandalised"), path
-    alive = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            alive += [cmdline] if hostile_corpus.VANDAL_MARK.encode() in cmdline.read_bytes() else []
-        except OSError:
-            pass
-    assert not alive, "a process the submission started outlived its sandbox"
-
-
-@needs_sandbox
-def test_the_feedback_runs_no_student_html_and_shows_no_hidden_test(graded):
-    workdir, scores = graded
-    secret, public = set(), set()
-    for cell in source_cells(HOSTILE_TARGET):
-        shown, hidden = fabricate.split_cell(cell)
-        if cell.metadata.get("nbgrader", {}).get("grade"):  # hidden tests (solutions: the students' own code)
-            secret |= {line.strip() for line in hidden if len(line.strip()) >= 12}
-        public |= {line.strip() for line in shown}
-    secret -= public  # a hidden line may repeat one students are shown anyway
-    assert len(secret) > 20
-    pages = sorted((workdir / "hostile" / "feedback").glob(f"*/{HOSTILE_TARGET}/*.html"))
-    assert len(pages) == len(set(scores["hostile"]) - set(hostile_corpus.REFUSED))  # a refused submission gets none
-    for page in pages:
-        html = page.read_text()
-        assert not active_html(html, hostile_corpus.SCRIPT_MARK), page
-        leaked = [line for line in secret if line in html]
-        assert not leaked, f"{page}: {leaked[:2]}"
-    xss = (workdir / "hostile" / "feedback" / "xss_feedback" / HOSTILE_TARGET / f"{HOSTILE_TARGET}.html").read_text()
-    assert hostile_corpus.SCRIPT_MARK in xss  # shown as text, not run
-
+# --- the grader's own rules ------------------------------------------------------------------
 
 def test_grading_refuses_without_a_sandbox_unless_told(monkeypatch, tmp_path):
     monkeypatch.setattr(schedule, "sandbox_problem", lambda: "no bubblewrap on this machine")
@@ -350,31 +259,11 @@ def test_hidden_tests_get_their_answer_cells_and_the_instructors_tests_only():
     assert [part["test_id"] for part in job["parts"]] == list(points(HOSTILE_TARGET))
     reference = runs.hidden_test_job(source, source, "s3cret", 5, reference=True)
     for part, theirs in zip(job["parts"], reference["parts"]):
-        assert part["test"] == runs.without_expected(tests[part["test_id"]])  # the instructor's, less expected values
+        # the instructor's, less expected values and what computes them (the student's copy)
+        assert part["test"] == runs.student_copy(tests[part["test_id"]], part["names"], withheld.declared(source))
         assert theirs["test"] == tests[part["test_id"]]
         assert all(notebooks.part_of(cell) <= notebooks.part_of(part["test_id"]) for cell, _ in part["cells"])
     assert job["secret"] == "s3cret"
-
-
-def test_gigantic_output_is_cut_in_the_graded_notebook(graded):
-    workdir, _ = graded
-    graded_nb = workdir / "hostile" / "autograded" / "gigantic_output" / HOSTILE_TARGET / f"{HOSTILE_TARGET}.ipynb"
-    assert graded_nb.stat().st_size < 1_000_000
-    assert "[grader] stream output truncated" in graded_nb.read_text()
-
-
-def test_tampering_is_named_in_the_feedback(graded):
-    workdir, _ = graded
-    last_test = list(points(HOSTILE_TARGET))[-1]
-    assert "were replaced" in graded_outputs(workdir, "hostile", "monkeypatch", HOSTILE_TARGET, last_test)
-
-
-def test_an_edited_test_cell_is_restored_before_grading(graded):
-    workdir, _ = graded
-    last_test = list(points(HOSTILE_TARGET))[-1]
-    nb = fabricate.notebook(workdir / "hostile" / "autograded" / "edited_test_cell", HOSTILE_TARGET)
-    restored = next(c for c in nb.cells if notebooks.grade_id(c) == last_test)
-    assert "all tests pass!" not in restored.source and "grading.start" in restored.source
 
 
 def test_the_course_config_sets_a_timeout_and_bounds_output():
@@ -544,83 +433,6 @@ def read_or_nothing(path):
 
 def test_the_feedback_runs_time_limit_does_not_grow_with_the_number_of_cells():
     assert runs.feedback_limits(10).seconds == runs.feedback_seconds(10) < 24 * 10
-
-
-@needs_sandbox
-@pytest.mark.parametrize("student", hostile_corpus.ESCAPES)
-def test_an_escape_gets_what_an_honest_grader_gives(graded_with_reports, student):
-    _, scores, reports = graded_with_reports
-    full = points(HOSTILE_TARGET)
-    if student == "reads_classmates":
-        expected = {gid: 0 for gid in full}
-    elif student in hostile_corpus.REFUSED:
-        expected = {gid: 0 for gid in full}
-        assert hostile_corpus.REFUSED[student] in reports["hostile"].not_graded[student]
-    elif student in hostile_corpus.ESCAPE_COSTS:
-        expected = last_part_lost(HOSTILE_TARGET)
-    else:
-        expected = full
-    assert scores["hostile"][student] == expected
-
-
-def feedback_page(workdir, student):
-    return (workdir / "hostile" / "feedback" / student / HOSTILE_TARGET / f"{HOSTILE_TARGET}.html").read_text()
-
-
-@needs_sandbox
-def test_no_feedback_page_holds_the_secret_a_seed_or_the_instructors_environment(graded):
-    workdir, scores = graded
-    secret = gradebook.PLACEHOLDER_SECRET
-    for student in scores["hostile"]:
-        page = (workdir / "hostile" / "feedback" / student / HOSTILE_TARGET / f"{HOSTILE_TARGET}.html")
-        if not page.exists():
-            continue
-        text = page.read_text()
-        mine = hashlib.sha256(f"{secret}:{HOSTILE_TARGET}:{student}".encode()).hexdigest()
-        assert mine not in text and mine[:16] not in text and hostile_corpus.INSTRUCTOR_TOKEN not in text, student
-        assert not [s for s in feedback.seeds_of(mine, 10) if re.search(rf"\b{s}\b", text)], student
-    assert "hidden tests failed" in feedback_page(workdir, "leaks_through_message")
-
-
-@needs_sandbox
-def test_the_feedback_is_built_from_data_not_from_a_file_the_sandbox_could_swap(graded):
-    workdir, _ = graded
-    graded_nb = workdir / "hostile" / "autograded" / "symlink_swap" / HOSTILE_TARGET / f"{HOSTILE_TARGET}.ipynb"
-    assert not graded_nb.is_symlink() and "root:" not in graded_nb.read_text()
-    assert not list((workdir / "hostile").rglob("filler")), "nothing a sandbox writes reaches the disk"
-
-
-@needs_sandbox
-def test_output_across_cells_is_capped_in_the_feedback(graded):
-    workdir, _ = graded
-    assert len(feedback_page(workdir, "huge_outputs")) < 4 * feedback.OUTPUT_CHARS
-    assert "holds at most" in feedback_page(workdir, "huge_outputs")
-
-
-@needs_sandbox
-def test_many_looping_cells_stop_at_the_whole_runs_limit(graded_with_reports):
-    _, _, reports = graded_with_reports
-    report = reports["hostile"]
-    assert "ran past" in report.notes["many_looping_cells"]
-    # The whole run's limit, not 24 cells times the per-cell timeout (10 s here); the hidden tests after it.
-    assert report.seconds["many_looping_cells"] < runs.feedback_seconds(10) + runs.hidden_test_limits(4, 10).seconds
-
-
-def dangerous_addresses(page: str) -> list[str]:
-    """Addresses in tags a browser would follow or run, with entities decoded and blanks dropped."""
-    parsed = TagCollector()
-    parsed.feed(page)
-    addresses = [re.sub(r"[\s\x00-\x1f]", "", html.unescape(value or "")).lower()
-                 for _, attrs in parsed.tags for name, value in attrs if name in ("href", "src", "action", "xlink:href")]
-    return [a for a in addresses if a.startswith(("javascript:", "vbscript:", "data:"))]
-
-
-@needs_sandbox
-def test_entity_encoded_links_and_maths_links_are_made_inert(graded):
-    workdir, _ = graded
-    page = feedback_page(workdir, "entity_links")
-    assert not dangerous_addresses(page) and "\\href{" not in page
-    assert hostile_corpus.SCRIPT_MARK in page  # shown as text
 
 
 def test_the_link_check_sees_entity_encoded_javascript():

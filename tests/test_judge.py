@@ -1,21 +1,24 @@
 """Observations, not verdicts (issue 32): the student's process records what its answers did, the
 reference solution's process records the same tests' expected values, and grader/judge.py decides
 from the two records without running student code. The attacks on the sandboxed grader are in the
-hostile corpus (tests/test_exercises.py); here: the judge on forged and damaged records, the
+hostile corpus (tests/test_hostile_corpus.py); here: the judge on forged and damaged records, the
 student's copy of the tests without expected values, and the attack that copy defeats."""
 import ast
 import base64
 import copy
+import inspect
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from grader import fabricate, hostile_corpus, judge, notebooks, runs
+from grader import fabricate, hostile_corpus, judge, notebooks, runs, student_copy, withheld
 from grader.course import assignments
-from mpcourse import grading
+from mpcourse import grading, numerics
 from tests import test_student_answers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,6 +161,177 @@ def test_the_attack_that_records_the_expected_value_scores_only_where_the_tests_
     cells = {**fabricate.solution_cells("ex4_softmax_stability"), **hostile_corpus.TARGETED["steals_expected"]}
     verdicts, _ = test_student_answers.run("ex4_softmax_stability", cells, only="p3")
     assert not verdicts["p3_tests"]["passed"]
-    monkeypatch.setattr(runs, "without_expected", lambda test: test)
+    monkeypatch.setattr(runs, "student_copy", lambda test, names=(), withheld=(): test)
     verdicts, _ = test_student_answers.run("ex4_softmax_stability", cells, only="p3")
     assert verdicts["p3_tests"]["passed"]
+
+
+# --- issue 45: nothing in the student's sandbox computes an answer but the student's code --------
+
+HELPERS = """grading.start("Part 1")
+
+
+def expected_of(x):  # the tests' own answer
+    return torch.exp(x.double())
+
+
+def inputs(n):
+    return torch.linspace(-1, 1, n)
+
+
+x = inputs(5)
+grading.assert_close(f(x), expected_of(x), rtol=1e-6, what="f(x)")
+expected = expected_of(x)
+largest = expected.abs().max().item()
+grading.assert_close(f(x), expected, rtol=1e-6, atol=1e-9 * largest, what="f(x) again")
+"""
+
+
+def test_the_students_copy_keeps_no_function_or_value_that_computes_an_expected_value():
+    copy = runs.student_copy(HELPERS, names=["f"])
+    tree = ast.parse(copy)
+    assert {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)} == {"inputs"}  # an input's helper stays
+    assert {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets} == {"x"}
+    reference, student = observed(HELPERS, f=exp_checked), observed(copy, f=exp_checked)
+    assert [o.get("atol") for o in student["observations"]] == [0.0, 0.0]  # the judge takes the reference's
+    assert judge.judge({"p1_tests": reference}, {"p1_tests": student})["p1_tests"]["passed"]
+    wrong = observed(copy, f=lambda x: exp_checked(x) * 1.01)
+    assert not judge.judge({"p1_tests": reference}, {"p1_tests": wrong})["p1_tests"]["passed"]
+
+
+@pytest.mark.parametrize("test, line, name", [
+    ("def ref(x):\n    return x + 1\n\n\ngrading.assert_equal(f(1), ref(1))\nassert f(2) == ref(2)\n", 1, "ref"),
+    ("y = 2\n\n\nclass Ref:\n    def of(self, x):\n        return x + 1\n\n\nwant = Ref().of(y)\n"
+     "grading.assert_equal(f(y), want)\nprint(want)\n", 4, "Ref"),
+    ("def ref(x):\n    return x + 1\n\n\ngot, want = grading.own_work(f, 1), ref(1)\ngrading.assert_equal(got, want)\n",
+     1, "ref"),  # kept for the student's call beside it
+    ("refs = {'one': lambda x: x + 1}\ngrading.assert_equal(f(1), refs['one'](1))\nprint(sorted(refs))\n", 1,
+     "a function assigned there"),
+])
+def test_the_students_copy_refuses_a_reference_computation_it_cannot_remove(test, line, name):
+    with pytest.raises(ValueError, match=f"line {line}: {name}.* computes an expected value"):
+        runs.student_copy(test, names=["f"])
+
+
+def test_the_students_copy_refuses_to_use_a_withheld_library_function():
+    withheld = ["mpcourse.numerics.naive_softmax"]
+    kept = ("from mpcourse.numerics import naive_softmax as reference\n"
+            "x = torch.ones(3)\n"
+            "grading.assert_close(f(x), reference(x), rtol=1e-6)\n")
+    assert "reference" not in runs.student_copy(kept, names=["f"], withheld=withheld)  # only in an expected value: gone
+    for used in (kept + "grading.assert_close(f(2 * x), reference(2 * x).double())\nprint(reference(x))\n",
+                 "import mpcourse.numerics\ngrading.assert_close(f(mpcourse.numerics.naive_softmax(x)), None)\n"):
+        with pytest.raises(ValueError, match=r"line \d+: .*mpcourse.numerics.naive_softmax, which grading withholds"):
+            runs.student_copy(used, names=["f"], withheld=withheld)
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_every_parts_hidden_tests_draw_their_inputs_from_the_secret(assignment):
+    """A part whose hidden tests draw nothing from grading.seed has the same answers for every
+    student, every year: a table of them passes (ex4 Part 2 did)."""
+    source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    for cell in source["cells"]:
+        nbgrader = cell.get("metadata", {}).get("nbgrader", {})
+        if not (nbgrader.get("grade") and cell["cell_type"] == "code"):
+            continue
+        text = notebooks.source_text(cell)
+        lines = text.splitlines()
+        begin = next(i for i, line in enumerate(lines, 1) if "### BEGIN HIDDEN TESTS" in line)
+        end = next(i for i, line in enumerate(lines, 1) if "### END HIDDEN TESTS" in line)
+        seeded = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call) and begin < n.lineno < end
+                  and ast.unparse(n.func) == "grading.seed"]
+        assert seeded, f"{assignment} {nbgrader['grade_id']}: the hidden tests draw no input from grading.seed"
+
+
+def expected_removed_only(test: str, names=(), withheld=()) -> str:
+    """The student's copy of a test cell as it was before issue 45: expected values removed, the
+    functions that compute them kept."""
+    tree = ast.parse(test)
+    student_copy.strip_expected(tree)
+    return ast.unparse(ast.fix_missing_locations(tree))
+
+
+def test_the_stack_walk_into_the_tests_helpers_scores_only_where_the_copy_keeps_them(monkeypatch):
+    """Ablation (issue 45): ex8's answers that find the tests' own first_divergence and
+    what_breaks_resume on the call stack got Parts 3 and 4 while the student's copy of the tests
+    defined them; it defines them no more."""
+    cells = {**fabricate.solution_cells("ex8_bitwise_resume"), **hostile_corpus.EX8_WALKS_THE_STACK}
+    for part in ("p3", "p4"):
+        verdicts, _ = test_student_answers.run("ex8_bitwise_resume", cells, only=part)
+        assert not verdicts[f"{part}_tests"]["passed"], part
+    monkeypatch.setattr(runs, "student_copy", expected_removed_only)
+    for part in ("p3", "p4"):
+        verdicts, _ = test_student_answers.run("ex8_bitwise_resume", cells, only=part)
+        assert verdicts[f"{part}_tests"]["passed"], (part, verdicts)
+
+
+WITHHELD = ["mpcourse.numerics.naive_softmax", "mpcourse.scaling.DynamicLossScaler"]
+# In the student's copy of the library, through a thread started before anything else, directly,
+# and as a base class: each raises the rule; what is not withheld still works.
+REACH = """
+import concurrent.futures, os, sys, torch
+pool = concurrent.futures.ThreadPoolExecutor(1)
+pool.submit(int).result()
+from mpcourse import grading, numerics, scaling
+found = []
+for attempt in (lambda: pool.submit(numerics.naive_softmax, torch.ones(2)).result(), lambda: scaling.DynamicLossScaler(),
+                lambda: type("Mine", (scaling.DynamicLossScaler,), {})()):
+    try:
+        attempt()
+        found.append("ran")
+    except AttributeError as error:
+        found.append(str(error))
+found.append(numerics.stable_softmax(torch.zeros(2)).tolist())
+found.append(os.path.exists(sys.argv[1]))
+print(found)
+"""
+
+
+def test_the_students_library_lacks_the_code_of_what_the_parts_ask_for(tmp_path):
+    library = withheld.library_copy(WITHHELD, tmp_path)
+    copied = "\n".join(p.read_text() for p in (library / "mpcourse").rglob("*.py"))
+    body = '_check_floating(x, "naive_softmax")'  # a line of the withheld function's code, and of no other
+    assert body in inspect.getsource(numerics.naive_softmax) and body.replace('"', "'") not in copied
+    assert "Kept to show what" not in copied and not list(library.rglob("*.pyc"))
+    result = subprocess.run([sys.executable, "-c", REACH, str(ROOT / "mpcourse" / "numerics.py")], capture_output=True,
+                            text=True, env={"PYTHONPATH": str(library), "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    found = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    for error, name in zip(found[:3], [WITHHELD[0], WITHHELD[1], WITHHELD[1]]):
+        assert error.startswith(f"{name} is withheld while your work is graded"), error
+    assert found[3] == [0.5, 0.5]
+
+
+@pytest.mark.skipif(runs.sandbox_problem() is not None, reason="no sandbox here")
+def test_a_students_hidden_test_sandbox_sees_only_the_copy_of_the_library(tmp_path):
+    library = withheld.library_copy(WITHHELD, tmp_path / "library")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "reach.py").write_text(REACH)
+    run = runs.run_sandboxed(["/bin/sh", "-c", f'exec python "$GRADING/reach.py" {ROOT / "mpcourse" / "numerics.py"}'],
+                             folder=tmp_path / "run", limits=runs.sandboxing.Limits(120, 120), sandbox=True,
+                             library=library)
+    found = ast.literal_eval(run.stdout.strip().splitlines()[-1])
+    assert all("is withheld while your work is graded" in error for error in found[:3]), found
+    assert found[3:] == [[0.5, 0.5], False]  # the course's own library is not there to be read
+
+
+@pytest.mark.parametrize("declaration, problem", [
+    ('withheld=("mpcourse.numerics.nothing_here",)', "the course library has no mpcourse.numerics.nothing_here"),
+    ('withheld=("numpy.exp",)', "is not a name in the course library"),
+    ("withheld=NAMES", "write withheld= as a tuple of strings"),
+    ('withheld="mpcourse.numerics.naive_softmax"', "withheld= takes a tuple of strings"),
+    ('withheld=("mpcourse.numerics.FP16",)', "is not a function or class"),
+])
+def test_a_part_that_withholds_something_the_library_lacks_is_refused_with_the_line(declaration, problem):
+    with pytest.raises(ValueError, match=problem):
+        withheld.declared_in(f'x = 1\ngrading.start("Part 1", {declaration})\n')
+    assert withheld.declared_in('grading.start("Part 1", withheld=("mpcourse.fp8.quantize",))') == ["mpcourse.fp8.quantize"]
+
+
+def test_grading_refuses_an_environment_that_holds_a_copy_of_the_whole_library(tmp_path, monkeypatch):
+    """A non-editable install puts mpcourse/ in site-packages, which every sandbox shows: the
+    student's sandbox could read there what its own copy withholds."""
+    import site
+    (tmp_path / "mpcourse").mkdir()
+    monkeypatch.setattr(site, "getsitepackages", lambda: [str(tmp_path)])
+    monkeypatch.setattr(runs, "ENVIRONMENT_CHECKED", set())
+    assert "installed in the Python environment itself" in runs.environment_problem(True)

@@ -277,3 +277,29 @@ def test_stopping_the_grader_ends_the_sandboxes_still_running():
     finally:
         sandbox.STOP.clear()
     assert outcome and outcome[0].killed == "stopped" and outcome[0].returncode is None
+
+
+def test_tests_that_would_leave_a_reference_computation_to_students_stop_grading_before_anyone(tmp_path, monkeypatch):
+    """Issue 45: an instructor's test cell whose helper computing an expected value stays in the
+    student's copy (a plain assert uses it too) is the instructor's problem, said with its line,
+    before any student is graded: no student gets a grade from it."""
+    course = tmp_path / "course"  # only what grading reads before it grades anyone
+    for folder in ("solutions", "exercises", "submitted/ada"):
+        (course / folder / ASSIGNMENT).mkdir(parents=True)
+    release = (ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text()
+    (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").write_text(release)
+    (course / "submitted" / "ada" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").write_text(release)
+    path = course / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+    source = notebooks.read_notebook(ROOT / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    for cell in source["cells"]:
+        if notebooks.grade_id(cell) == "p4_tests":
+            cell["source"] = notebooks.source_text(cell).replace(
+                "grading.raises(ValueError, nan_rows_vs_scale, as_written, [1.0], rows=0)",
+                "assert expected_fractions([1.0], 4, 4, 0, torch.float16)[0] == 0\n"
+                "grading.raises(ValueError, nan_rows_vs_scale, as_written, [1.0], rows=0)")
+    path.write_text(json.dumps(source))
+    for name in ("sandbox_problem", "environment_problem"):
+        monkeypatch.setattr(schedule, name, lambda *args: None)
+    monkeypatch.setattr(schedule, "grade_student", lambda *args: pytest.fail("a student was graded"))
+    with pytest.raises(ValueError, match=r"cannot be graded .*p4_tests: line \d+: expected_fractions, defined in the test cell"):
+        schedule.grade(course, ASSIGNMENT, workers=1)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from grader import fabricate, feedback, judge, notebooks, runs
-from tests.shared import once_per_run
+from grader import fabricate, feedback, judge, notebooks, runs, withheld
+from grader.course import assignments
+from tests.shared import once_per_run, run_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "a-test-secret"
@@ -72,18 +73,27 @@ def run(assignment: str, answers: dict[str, str] | None = None, visible: bool = 
     reference = {k: v for k, v in reference_record(assignment, visible).items()
                  if only in (None, notebooks.part_of(k))}
     source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
-    return judge.judge(reference, runner(student)), source
+    return judge.judge(reference, runner(student, library(assignment))), source
+
+
+def library(assignment: str) -> Path:
+    """The course library as a student's hidden-test sandbox imports it (grader/withheld.py): made
+    once per test run and assignment."""
+    source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    return Path(once_per_run(f"library-{assignment}", lambda: str(withheld.library_copy(
+        withheld.declared(source), run_folder() / f"library-{assignment}"))))
 
 
 # What a sandbox's environment holds besides its paths: one maths thread (grader.runs.threads).
 THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
-def runner(job: dict) -> dict:
-    """grader/hidden_tests.py's record of `job`, run here without a sandbox."""
+def runner(job: dict, library: Path | None = None) -> dict:
+    """grader/hidden_tests.py's record of `job`, run here without a sandbox, importing the course
+    library from `library` (a copy made by grader/withheld.py) or, by default, the course's."""
     result = subprocess.run([sys.executable, str(ROOT / "grader" / "hidden_tests.py"), "-"], input=json.dumps(job),
                             capture_output=True, text=True, cwd=tempfile.gettempdir(),
-                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", **THREADS})
+                            env={"PYTHONPATH": str(library or ROOT), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", **THREADS})
     line = result.stdout.strip().rsplit("\n", 1)[-1]
     assert line.startswith("RESULT "), result.stderr[-2000:]
     return json.loads(line.removeprefix("RESULT "))
@@ -208,3 +218,45 @@ def test_a_try_out_line_that_fails_outside_the_notebook_does_not_cost_a_later_pa
     verdict = run_job(SETUP, [["p1_solution", earlier.replace("save(run, 'x.pt')", "raise SystemExit")],
                               ["p2_solution", mine]], test, ["save", "load"])
     assert not verdict["passed"]
+
+
+# --- issue 45: the course library, reached where the own-work watcher does not look -------------
+
+def withheld_parts(assignment: str) -> dict[str, list[str]]:
+    """part -> the library functions its test cell declares withheld (grader/withheld.py)."""
+    source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    return {notebooks.part_of(notebooks.grade_id(c)): withheld.declared_in(notebooks.source_text(c))
+            for c in source["cells"] if (c["metadata"].get("nbgrader") or {}).get("grade") and c["cell_type"] == "code"}
+
+
+# Parts whose reference-calling answer (tests/submissions/) calls the library for a primitive that
+# torch's own casts equal, not for the part's answer; the visible tests use it themselves.
+NOT_AN_ANSWER = {("ex3_dynamic_range", "p2"): "mpcourse.formats.round_to, a rounding primitive"}
+THREADED = [(a, notebooks.part_of(gid)) for a in assignments()
+            for gid in fabricate.submission_data(a).REFERENCE_CALLER
+            if (a, notebooks.part_of(gid)) not in NOT_AN_ANSWER]
+
+
+def test_every_part_answered_by_a_library_call_withholds_it():
+    for assignment, part in THREADED:
+        caller = fabricate.submission_data(assignment).REFERENCE_CALLER[f"{part}_solution"]
+        declared = withheld_parts(assignment)
+        if not declared[part]:  # it calls an earlier part's answer, which calls the library (ex8's Part 4)
+            assert any(declared[p] and f"{p}_solution" in fabricate.submission_data(assignment).REFERENCE_CALLER
+                       for p in declared if p < part), (assignment, part)
+            continue
+        assert any(name.rpartition(".")[2] in caller for name in declared[part]), (assignment, part, declared[part])
+
+
+@pytest.mark.parametrize("assignment", sorted({a for a, _ in THREADED}))
+def test_the_library_through_a_thread_started_before_the_tests_scores_nothing(assignment):
+    """The reference-calling answers, run by a thread the answer cell started before the tests: the
+    own-work watcher never sees them, and the library the sandbox imports lacks what they call, so
+    each such part stops (a part that stops scores 0: grader/judge.py) saying why."""
+    answers = {gid: fabricate.in_a_thread(src) for gid, src in fabricate.submission_data(assignment).REFERENCE_CALLER.items()}
+    student = jobs(assignment, answers, visible=False)[1]
+    parts = {part for a, part in THREADED if a == assignment}
+    student["parts"] = [p for p in student["parts"] if notebooks.part_of(p["test_id"]) in parts]
+    record = runner(student, library(assignment))
+    for part in parts:
+        assert "withheld while your work is graded" in (record[f"{part}_tests"]["stopped"] or ""), (part, record)

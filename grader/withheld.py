@@ -1,0 +1,133 @@
+"""The course library as a student's hidden-test sandbox sees it: without the answers. Never runs
+student code: it reads the instructor's test cells and writes a copy of `mpcourse/`.
+
+    declared(source) -> ["mpcourse.numerics.naive_softmax", ...]   what the parts ask students to write
+    library_copy(withheld, folder) -> folder, holding `mpcourse/` with those functions withheld
+
+A part declares the library functions it asks the student to write in its test cell's first
+line, `grading.start("Part 1", withheld=("mpcourse.numerics.naive_softmax",))`. Grading gives the
+student's hidden-test sandbox a copy of `mpcourse` (and no other) in which each of them is a stub
+that raises AttributeError naming the rule, its code absent: no thread, stack walk or rewritten
+code object can reach what is not there. The stub keeps the name, so the library's own modules
+that import it still import; the library functions built on it fail too, with the same message,
+if called. The reference run, the feedback run and the student's own notebook keep the whole
+library (students may read it; copying it is plagiarism, as anywhere).
+"""
+import ast
+import importlib
+import inspect
+import shutil
+from pathlib import Path
+
+from grader.course import ROOT
+from grader.notebooks import grade_id, source_text
+from grader.review_flags import PARSING  # one lock: ast.parse is not thread-safe in 3.11
+
+LIBRARY = ROOT / "mpcourse"
+
+
+def declared_in(test: str) -> list[str]:
+    """The `withheld=` of the `grading.start(...)` calls of a test cell (ValueError if not literal)."""
+    with PARSING:
+        tree = ast.parse(test)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "start":
+            for keyword in node.keywords:
+                if keyword.arg == "withheld":
+                    try:
+                        value = ast.literal_eval(keyword.value)
+                    except ValueError:
+                        raise ValueError(f"line {node.lineno}: write withheld= as a tuple of strings "
+                                         "(\"mpcourse.module.name\", ...)") from None
+                    if not (isinstance(value, tuple) and all(isinstance(v, str) for v in value)):
+                        raise ValueError(f"line {node.lineno}: withheld= takes a tuple of strings")
+                    found += [resolve(v)[0] for v in value]
+    return found
+
+
+def declared(source: dict) -> list[str]:
+    """What every part of the instructor's notebook `source` withholds, in notebook order."""
+    found = []
+    for cell in source["cells"]:
+        nbgrader = (cell.get("metadata") or {}).get("nbgrader") or {}
+        if nbgrader.get("grade") and cell.get("cell_type") == "code":
+            try:
+                found += [name for name in declared_in(source_text(cell)) if name not in found]
+            except ValueError as error:
+                raise ValueError(f"{grade_id(cell)}: {error}") from None
+    return found
+
+
+def resolve(path: str) -> tuple[str, Path, str]:
+    """(path, the file that defines it, its name there) of a library function or class named
+    `path` (as students call it: `mpcourse.fp8.quantize` is defined in mpcourse/fp8/quantization.py)."""
+    module, _, name = path.rpartition(".")
+    if module.split(".")[0] != "mpcourse" or not name:
+        raise ValueError(f"withheld: {path!r} is not a name in the course library (mpcourse.module.name)")
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        raise ValueError(f"withheld: the course library has no {path}") from None
+    if not (inspect.isfunction(value) or inspect.isclass(value)) or "." in value.__qualname__:
+        raise ValueError(f"withheld: {path} is not a function or class defined at the top of a library module")
+    file = Path(inspect.getsourcefile(value)).resolve()
+    if not file.is_relative_to(LIBRARY):
+        raise ValueError(f"withheld: {path} is defined outside the course library ({file})")
+    return path, file, value.__name__
+
+
+def stub(path: str, name: str, is_class: bool) -> ast.stmt:
+    message = (f"{path} is withheld while your work is graded: a part of this exercise asks you to write "
+               "it yourself, so the graded tests run without it (the course library is there to read)")
+    raising = f"raise AttributeError({message!r})"
+    code = (f"class {name}:\n    def __new__(cls, *args, **kwargs):\n        {raising}\n" if is_class
+            else f"def {name}(*args, **kwargs):\n    {raising}\n")
+    return ast.parse(code).body[0]
+
+
+LAZY = """
+def __getattr__(name):  # the grader's copy: a module is imported when first used (grader/withheld.py)
+    import importlib
+    if name in __all__:
+        return importlib.import_module(f"mpcourse.{name}")
+    raise AttributeError(f"module 'mpcourse' has no attribute {name!r}")
+"""
+
+
+def lazy_package(text: str) -> str:
+    """mpcourse/__init__.py importing its modules when first used, not all at once: a module
+    that calls a withheld function as it is imported (a recipe checking itself) then breaks
+    only the tests that use it, not every `from mpcourse import grading`."""
+    with PARSING:
+        tree = ast.parse(text)
+    tree.body = [node for node in tree.body if not (isinstance(node, ast.ImportFrom) and node.module == "mpcourse")]
+    with PARSING:
+        tree.body += ast.parse(LAZY).body
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+def library_copy(withheld: list[str], folder: Path) -> Path:
+    """`folder`, made to hold a copy of `mpcourse/` (no compiled files) in which every function or
+    class of `withheld` is a stub: its definition's code replaced, its name kept; the package's
+    modules are imported when first used (`lazy_package`)."""
+    shutil.copytree(LIBRARY, folder / "mpcourse", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    init = folder / "mpcourse" / "__init__.py"
+    init.write_text(lazy_package(init.read_text()))
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for path in withheld:
+        _, file, name = resolve(path)
+        by_file.setdefault(file, []).append((path, name))
+    for file, names in by_file.items():
+        copy = folder / "mpcourse" / file.relative_to(LIBRARY)
+        with PARSING:
+            tree = ast.parse(file.read_text())
+        for path, name in names:
+            places = [i for i, node in enumerate(tree.body) if getattr(node, "name", None) == name
+                      and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+            if not places:
+                raise ValueError(f"withheld: {path} is not defined at the top of {file.name}")
+            for i in places:
+                tree.body[i] = stub(path, name, isinstance(tree.body[i], ast.ClassDef))
+        copy.write_text(ast.unparse(ast.fix_missing_locations(tree)) + "\n")
+    return folder
