@@ -40,6 +40,10 @@ SUSPECT_NAMES = {
     "FunctionType": "builds functions from code objects", "__globals__": "reaches into a function's globals",
     "sqlite3": "opens databases", "inspect": "inspects frames or source", "gc": "searches the garbage collector", "ctypes": "calls C directly", "signal": "handles signals",
     "multiprocessing": "starts processes", "subprocess": "starts processes", "pty": "starts processes",
+    **dict.fromkeys(("threading", "_thread", "concurrent", "Thread", "ThreadPoolExecutor"),
+                    "starts threads (one started before the tests runs unwatched by the checks of "
+                    "forbidden calls and of own work)"),
+    "__module__": "finds modules through objects",
     "__builtins__": "changes built-ins", "builtins": "changes built-ins", "__class__": "changes an object's class",
     "__subclasses__": "walks the class tree", "__dict__": "reaches into objects' dictionaries",
     "mpcourse": ("uses the course library, whose reference implementations the own-work check watches "
