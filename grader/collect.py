@@ -141,10 +141,10 @@ def members(download: Path):
                 yield info.filename, info.file_size, lambda info=info: archive.open(info)
 
 
-def unpack(download: Path, into: Path) -> list[str]:
-    """The download's notebooks copied under `into`, at the paths the LMS gave them. Returns a line
-    naming each file left out, and why: nothing in a student's upload can stop the others'."""
-    skipped = []
+def unpack(download: Path, into: Path) -> dict[str, str]:
+    """The download's notebooks copied under `into`, at the paths the LMS gave them. Returns
+    {each file left out: why}: nothing in a student's upload can stop the others'."""
+    skipped = {}
     for name, size, opened in members(download):
         relative = PurePosixPath(name)
         why = ("its name points outside the download" if relative.is_absolute() or ".." in relative.parts
@@ -161,7 +161,7 @@ def unpack(download: Path, into: Path) -> list[str]:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
         if why:
-            skipped.append(f"skipped {name}: {why}")
+            skipped[name] = why
     return skipped
 
 
@@ -186,8 +186,13 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
     log = result.stdout + result.stderr
     if result.returncode != 0:
         sys.exit(printable(f"nbgrader zip_collect failed:\n{log[-3000:]}"))
-    for line in skipped + [line.split("] ", 1)[-1] for line in log.splitlines()
-                           if "LATE:" in line or "skipped" in line.lower()]:
+    for line in [f"skipped {name}: {why}" for name, why in skipped.items()] + [
+            line.split("] ", 1)[-1] for line in log.splitlines() if "LATE:" in line or "skipped" in line.lower()]:
         print(" ", printable(line))
     students = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
     print(printable(f"{len(students)} submissions of {assignment} in {course / 'submitted'}: {', '.join(students)}"))
+    parse = {"canvas": canvas, "moodle": moodle}[lms]
+    uploaders = {info["student_id"] for name in skipped if (info := parse(Path(name)))}
+    for student in sorted(uploaders - set(students)):  # e.g. a notebook handed in zipped
+        print(printable(f"  NOT COLLECTED {student}: uploaded files, none of them a notebook (see the skipped lines): "
+                        "ask them for the .ipynb, or put it in submitted/ by hand"))

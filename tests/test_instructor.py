@@ -203,6 +203,7 @@ def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, n
         assert "LATE: doejane" in result.stdout
         assert "skipped mallory_222_5001_evil.zip: not a notebook" in result.stdout  # never opened
         assert f"skipped ../mallory_1_3_{ASSIGNMENT}.ipynb: its name points outside" in result.stdout
+        assert "NOT COLLECTED alice: uploaded files, none of them a notebook" in result.stdout  # e.g. zipped
     else:  # an upload's own name never makes it a classmate's
         assert "mallory_evil_55555: skipped Jane Doe_12345" in result.stdout and "jane_doe_12345's upload" in result.stdout
     assert "skipped alice_333_5002_notes.gz" in result.stdout  # one bad archive stops no one's collection
