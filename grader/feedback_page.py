@@ -34,6 +34,7 @@ COMMAND = re.compile(r"\\([A-Za-z]+|.)", re.S)
 FORMULA_CHARS = 2000
 FORMULA_DEPTH = 8
 CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
+BRACES = {"{": 1, "}": -1}
 
 
 class Unreadable(ValueError):
@@ -49,7 +50,7 @@ def _group(tex: str, i: int) -> tuple[str, int]:
     if tex[i] == "{":
         depth = 0
         for j in range(i, len(tex)):
-            depth += {"{": 1, "}": -1}.get(tex[j], 0)
+            depth += BRACES.get(tex[j], 0)
             if depth == 0:
                 return tex[i + 1:j], j + 1
         raise Unreadable(tex)
