@@ -10,15 +10,19 @@ answers are not flagged (the tests check every exercise's solutions), and an ans
 tricks well may not be.
 """
 import ast
+import re
 import threading
 
 from grader.notebooks import grade_id, source_text
 
+IPYTHON_HELP = re.compile(r"[\w.]+\?\??")   # `naive_softmax?`: IPython's help, not Python
 PARSING = threading.Lock()      # CPython 3.11's ast.parse is not safe in two threads at once
 
 
 def _as_python(source: str) -> str:
-    return "\n".join("#" + line if line.lstrip().startswith(("%", "!")) else line for line in source.split("\n"))
+    """IPython's own lines (`%timeit`, `!ls`, `name?`, `?name`) commented out: the rest is Python."""
+    return "\n".join("#" + line if line.lstrip().startswith(("%", "!", "?")) or IPYTHON_HELP.fullmatch(line.strip())
+                     else line for line in source.split("\n"))
 
 
 # What an answer needs no part of: reaching into the runner, the system or the libraries. Each is

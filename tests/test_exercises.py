@@ -483,6 +483,8 @@ def test_honest_solutions_are_not_flagged_and_runner_tricks_are(assignment):
         return {"cells": [{"cell_type": "code", "source": src, "metadata": {"nbgrader": {"grade_id": gid}}}
                           for gid, src in cells.items()]}
     assert review_flags.review_flags(notebook_of(fabricate.solution_cells(assignment))) == {}
+    chatty = {gid: f"{src}\n%timeit 1 + 1\nprint?\nlen??\n" for gid, src in fabricate.solution_cells(assignment).items()}
+    assert review_flags.review_flags(notebook_of(chatty)) == {}  # IPython's help lines parse (red team 45: A3f)
     tricks = {"p1_solution": hostile_corpus.LEAK, "p2_solution": hostile_corpus.BUSY + hostile_corpus.SWAP,
               "p3_solution": "import torch\ntorch.Tensor.__eq__ = lambda a, b: True\n"
                              "from concurrent.futures import ThreadPoolExecutor\npool = ThreadPoolExecutor(1)\n",
