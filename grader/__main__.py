@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from grader import course, gradebook, schedule
-from grader.report import print_report, print_table
+from grader.report import print_report, print_table, printable
 
 COMMANDS = ["collect", "grade", "prepare", "pack-feedback", "export", "release", "check", "demo"]
 
@@ -41,11 +41,12 @@ def grade_course(folder: Path, assignment: str, timeout: int, sandbox: bool, **o
     from grader.feedback import feedback_for
     report = schedule.grade(folder, assignment, timeout=timeout, sandbox=sandbox, progress=True, **options)
     graded = sorted(set(report.scores) - report.unwritten)
-    if report.feedback and graded:
-        feedback_for(folder, assignment, graded, options.get("url"))
+    pageless = feedback_for(folder, assignment, graded, options.get("url")) if report.feedback and graded else {}
     if report.scores:
         print_table(assignment, report.scores, test_points(assignment))
     print_report(report)
+    for student, why in sorted(pageless.items()):
+        print(printable(f"  NO FEEDBACK PAGE for {student} (their grade is written): {why}"))
     if not report.feedback and graded:
         print(f"  feedback NOT rebuilt (--no-feedback): the pages in {folder / 'feedback'} are those of an earlier "
               "run, and may show earlier scores; grade without --no-feedback to rebuild them")

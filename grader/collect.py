@@ -19,6 +19,13 @@ The names the two systems give a submitted file:
   `Jane Doe_12345_assignsubmission_file_/` holding the file ("download submissions in folders"),
   the file's name suffixed ` (1)`, ` (2)`, ... when uploaded again.
 
+Only the download's own files are read: a notebook's owner is the name the LMS wrote (Canvas: the
+file's name at the top of the download; Moodle: the submission's folder, or the file's name where
+there is no folder), never a name a student chose inside it. An upload that is not a notebook (an
+archive too: it is never opened, so no bomb, damaged file or traversal in it stops the collection),
+a notebook inside a folder the LMS did not write, a notebook whose own name claims another student,
+a name outside the download or a file over NOTEBOOK_BYTES: skipped, each named in the summary.
+
 Each student's latest notebook (highest submission id, then highest suffix) is collected as
 submitted/<student>/ASSIGNMENT/ASSIGNMENT.ipynb, whatever the student named it (the assignment is
 one notebook); the others are skipped with a note, so two files from one student do not stop the
@@ -30,14 +37,17 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
+import zipfile
+from pathlib import Path, PurePosixPath
 
 from nbgrader.plugins import FileNameCollectorPlugin
 
 from grader.course import BIN, ROOT
+from grader.notebooks import NOTEBOOK_BYTES
+from grader.report import printable
 
-CANVAS = re.compile(r"^(?P<login>[A-Za-z0-9.\-]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<submission>\d+)_(?P<name>.+)$",
-                    re.I)
+CANVAS = re.compile(r"^(?P<login>[\w.\-]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<submission>\d+)_(?P<name>.+)$",
+                    re.I)  # \w: a login may hold any letter (müllerjürgen)
 MOODLE = re.compile(r"^(?P<person>.+?)_(?P<user>\d+)_assign(?:submission|feedback)_[a-z]+_(?P<name>.*)$")
 AGAIN = re.compile(r"(?:-(\d+)| \((\d+)\))$")  # name-2.ipynb (Canvas), name (2).ipynb (Moodle)
 
@@ -48,21 +58,35 @@ def upload_number(name: str) -> int:
 
 
 def canvas(relative: Path) -> dict | None:
-    match = CANVAS.match(relative.name)
+    """Canvas names every file at the top of its download: a file in a folder is none of its."""
+    match = CANVAS.match(relative.name) if len(relative.parts) == 1 else None
     if not match:
         return None
     return {"student_id": match["login"].lower(), "late": bool(match["late"]),
             "order": (int(match["submission"]), upload_number(match["name"]))}
 
 
+def moodle_student(match) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", match["person"].lower()).strip("_") + f"_{match['user']}"
+
+
 def moodle(relative: Path) -> dict | None:
-    match = MOODLE.match(relative.name)  # a flat download; else "download in folders"
-    if not match and len(relative.parts) > 1 and relative.parts[-2].endswith("_"):
-        match = MOODLE.match(relative.parts[-2] + relative.name)
-    if not match or not match["name"]:
+    """Moodle's submission folder names the student ("download in folders"), else, at the top of
+    the download, the file's own name. A file in a folder whose own name claims another student
+    is refused: {"claims": that student}."""
+    own = MOODLE.match(relative.name)
+    if len(relative.parts) > 1:
+        folder = MOODLE.match(relative.parts[0])
+        if not folder or folder["name"]:
+            return None
+        owner = moodle_student(folder)
+        if own and moodle_student(own) != owner:
+            return {"student_id": owner, "claims": moodle_student(own)}
+    elif own and own["name"]:
+        owner = moodle_student(own)
+    else:
         return None
-    person = re.sub(r"[^a-z0-9]+", "_", match["person"].lower()).strip("_")
-    return {"student_id": f"{person}_{match['user']}", "late": False, "order": (0, upload_number(match["name"]))}
+    return {"student_id": owner, "late": False, "order": (0, upload_number(own["name"] if own else relative.name))}
 
 
 class LatestNotebookCollector(FileNameCollectorPlugin):
@@ -78,10 +102,14 @@ class LatestNotebookCollector(FileNameCollectorPlugin):
         if path.suffix != ".ipynb" or info is None:
             self.log.warning("Not a %s submission of a notebook, skipped: %s", type(self).__name__, path.name)
             return None
+        if "claims" in info:
+            self.log.warning("%s: skipped %s: a file in their submission named as %s's upload (refused)",
+                             info["student_id"], path.name, info["claims"])
+            return None
         rivals = []
         for other in extracted.rglob("*.ipynb"):
             theirs = self.parse(other.relative_to(extracted))
-            if theirs and theirs["student_id"] == info["student_id"]:
+            if theirs and "claims" not in theirs and theirs["student_id"] == info["student_id"]:
                 rivals.append((theirs["order"], str(other)))
         latest = max(rivals)[1]
         if latest != str(path):
@@ -100,16 +128,55 @@ class MoodleCollector(LatestNotebookCollector):
     parse = staticmethod(moodle)
 
 
-def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
-    """Put an LMS download (a zip, or a folder of files) in downloaded/<assignment>/archive/ and
-    run `nbgrader zip_collect` with this module's collector for that LMS: each student's latest
-    notebook lands in submitted/<student>/<assignment>/<assignment>.ipynb."""
-    archive = course / "downloaded" / assignment / "archive"
-    archive.mkdir(parents=True, exist_ok=True)
+def members(download: Path):
+    """(name, size, open) of each file of the download, a zip or a folder (no link followed)."""
     if download.is_dir():
-        shutil.copytree(download, archive / download.name, dirs_exist_ok=True)
-    else:
-        shutil.copy(download, archive)
+        for path in sorted(download.rglob("*")):
+            if path.is_symlink() or path.is_file():
+                yield path.relative_to(download).as_posix(), path.lstat().st_size, path.open
+        return
+    with zipfile.ZipFile(download) as archive:
+        for info in archive.infolist():
+            if not info.is_dir():
+                yield info.filename, info.file_size, lambda info=info: archive.open(info)
+
+
+def unpack(download: Path, into: Path) -> dict[str, str]:
+    """The download's notebooks copied under `into`, at the paths the LMS gave them. Returns
+    {each file left out: why}: nothing in a student's upload can stop the others'."""
+    skipped = {}
+    for name, size, opened in members(download):
+        relative = PurePosixPath(name)
+        why = ("its name points outside the download" if relative.is_absolute() or ".." in relative.parts
+               else "a link" if download.is_dir() and (download / name).is_symlink()
+               else "not a notebook (an archive is never opened)" if relative.suffix != ".ipynb"
+               else f"larger than {NOTEBOOK_BYTES // 2**20} MB" if size > NOTEBOOK_BYTES else None)
+        if why is None:
+            with opened() as source:
+                data = source.read(NOTEBOOK_BYTES + 1)  # a zip's stated size may lie
+            if len(data) > NOTEBOOK_BYTES:
+                why = f"larger than {NOTEBOOK_BYTES // 2**20} MB"
+            else:
+                target = into.joinpath(*relative.parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+        if why:
+            skipped[name] = why
+    return skipped
+
+
+def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
+    """Put an LMS download's notebooks (from a zip, or a folder of files) in
+    downloaded/<assignment>/archive/ (emptied first) and run `nbgrader zip_collect` with this
+    module's collector for that LMS: each student's latest notebook lands in
+    submitted/<student>/<assignment>/<assignment>.ipynb. Every file left out is named."""
+    archive = course / "downloaded" / assignment / "archive"
+    shutil.rmtree(archive, ignore_errors=True)
+    archive.mkdir(parents=True)
+    try:
+        skipped = unpack(download, archive)
+    except (zipfile.BadZipFile, OSError) as error:
+        sys.exit(f"python -m grader collect: cannot read the download {download}: {error}")
     collector = {"canvas": "CanvasCollector", "moodle": "MoodleCollector"}[lms]
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -118,9 +185,14 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
                             capture_output=True, text=True)
     log = result.stdout + result.stderr
     if result.returncode != 0:
-        sys.exit(f"nbgrader zip_collect failed:\n{log[-3000:]}")
-    for line in log.splitlines():
-        if "LATE:" in line or "skipped" in line.lower() or "Skipped" in line:
-            print(" ", line.split("] ", 1)[-1])
+        sys.exit(printable(f"nbgrader zip_collect failed:\n{log[-3000:]}"))
+    for line in [f"skipped {name}: {why}" for name, why in skipped.items()] + [
+            line.split("] ", 1)[-1] for line in log.splitlines() if "LATE:" in line or "skipped" in line.lower()]:
+        print(" ", printable(line))
     students = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
-    print(f"{len(students)} submissions of {assignment} in {course / 'submitted'}: {', '.join(students)}")
+    print(printable(f"{len(students)} submissions of {assignment} in {course / 'submitted'}: {', '.join(students)}"))
+    parse = {"canvas": canvas, "moodle": moodle}[lms]
+    uploaders = {info["student_id"] for name in skipped if (info := parse(Path(name)))}
+    for student in sorted(uploaders - set(students)):  # e.g. a notebook handed in zipped
+        print(printable(f"  NOT COLLECTED {student}: uploaded files, none of them a notebook (see the skipped lines): "
+                        "ask them for the .ipynb, or put it in submitted/ by hand"))

@@ -2,7 +2,7 @@
 the notebook as run that came back from the feedback run's sandbox (grader/runs.py).
 
     feedback_notebook(ran, release, points, verdicts) -> the notebook nbgrader renders
-    feedback_for(course, assignment, students, url)   # nbgrader's HTML pages for those students
+    feedback_for(course, assignment, students, url) -> {student: why no page}  # nbgrader's HTML pages
     pack_feedback(course, assignment, out)            # each page named for upload to an LMS
 
 The notebook: outputs reduced to text and checked images within OUTPUT_CHARS, Markdown made inert,
@@ -151,13 +151,27 @@ def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict) ->
             "nbformat": 4, "nbformat_minor": 5}
 
 
-def feedback_for(course: Path, assignment: str, students: list[str], url: str | None = None) -> None:
-    """nbgrader's feedback pages for `students` only (a shard writes its own students' pages)."""
-    others = sorted({p.parent.name for p in (course / "autograded").glob(f"*/{assignment}")} - set(students))
-    args = ["generate_feedback", assignment, "--force"] + (
-        [f"--CourseDirectory.student_id_exclude={','.join(others)}"] if others else []) + (
-        [f"--CourseDirectory.db_url={url}"] if url else [])
-    nbgrader(course, *args)
+def feedback_for(course: Path, assignment: str, students: list[str], url: str | None = None) -> dict[str, str]:
+    """nbgrader's feedback pages for `students` only (a shard writes its own students' pages).
+    Returns {student: why their page failed}: one page nbgrader cannot render costs that student
+    their page, never the others theirs (each is then rendered on its own)."""
+    def render(some: list[str]):
+        others = sorted({p.parent.name for p in (course / "autograded").glob(f"*/{assignment}")} - set(some))
+        args = ["generate_feedback", assignment, "--force"] + (
+            [f"--CourseDirectory.student_id_exclude={','.join(others)}"] if others else []) + (
+            [f"--CourseDirectory.db_url={url}"] if url else [])
+        return nbgrader(course, *args, check=False)
+
+    if not students or render(students).returncode == 0:
+        return {}
+    failures = {}
+    for student in students:
+        result = render([student])
+        if result.returncode != 0:
+            lines = (result.stdout + result.stderr).strip().splitlines() or [f"exit status {result.returncode}"]
+            why = next((line for line in reversed(lines) if "Error" in line), lines[-1])
+            failures[student] = f"nbgrader generate_feedback failed: {why.strip()}"[:300]
+    return failures
 
 
 def pack_feedback(course: Path, assignment: str, out: Path) -> list[Path]:

@@ -28,7 +28,13 @@ ACCENTS = {"hat": "\u0302", "bar": "\u0304", "tilde": "\u0303", "vec": "\u20d7"}
 SUPER = dict(zip("0123456789+-=()nik", "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁼⁽⁾ⁿⁱᵏ"))
 SUB = dict(zip("0123456789+-=()aeoxhklmnpstij", "₀₁₂₃₄₅₆₇₈₉₊₋₌₍₎ₐₑₒₓₕₖₗₘₙₚₛₜᵢⱼ"))
 MATH = re.compile(r"\$\$(.+?)\$\$|\$([^$\n]+?)\$", re.S)
+COMMAND = re.compile(r"\\([A-Za-z]+|.)", re.S)
+# A formula is turned into text in the grader's own process, with no time limit: one longer or
+# nested deeper than these (none in a course answer) stays as its TeX, in time linear in its length.
+FORMULA_CHARS = 2000
+FORMULA_DEPTH = 8
 CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
+BRACES = {"{": 1, "}": -1}
 
 
 class Unreadable(ValueError):
@@ -44,12 +50,12 @@ def _group(tex: str, i: int) -> tuple[str, int]:
     if tex[i] == "{":
         depth = 0
         for j in range(i, len(tex)):
-            depth += {"{": 1, "}": -1}.get(tex[j], 0)
+            depth += BRACES.get(tex[j], 0)
             if depth == 0:
                 return tex[i + 1:j], j + 1
         raise Unreadable(tex)
     if tex[i] == "\\":
-        name = re.match(r"\\([A-Za-z]+|.)", tex[i:]).group(0)
+        name = COMMAND.match(tex, i).group(0)
         return name, i + len(name)
     return tex[i], i + 1
 
@@ -58,13 +64,16 @@ def _script(text: str, table: dict, mark: str) -> str:
     return "".join(table[c] for c in text) if text and all(c in table for c in text) else f"{mark}({text})"
 
 
-def tex_text(tex: str) -> str:
-    """Plain text for a TeX formula; Unreadable if it uses what this does not know."""
+def tex_text(tex: str, depth: int = 0) -> str:
+    """Plain text for a TeX formula; Unreadable if it uses what this does not know, or is longer
+    than FORMULA_CHARS or nested deeper than FORMULA_DEPTH."""
+    if len(tex) > FORMULA_CHARS or depth > FORMULA_DEPTH:
+        raise Unreadable("too long or nested too deeply")
     out, i = [], 0
     while i < len(tex):
         char = tex[i]
         if char == "\\":
-            name = re.match(r"\\([A-Za-z]+|.)", tex[i:]).group(1)
+            name = COMMAND.match(tex, i).group(1)
             i += len(name) + 1
             if name in SYMBOLS:
                 out.append(SYMBOLS[name])
@@ -73,22 +82,22 @@ def tex_text(tex: str) -> str:
                 out.append(text)
             elif name in ACCENTS:
                 text, i = _group(tex, i)
-                out.append(tex_text(text) + ACCENTS[name])
+                out.append(tex_text(text, depth + 1) + ACCENTS[name])
             elif name in ("frac", "dfrac", "tfrac"):
                 top, i = _group(tex, i)
                 bottom, i = _group(tex, i)
-                top, bottom = tex_text(top), tex_text(bottom)
+                top, bottom = tex_text(top, depth + 1), tex_text(bottom, depth + 1)
                 wrap = lambda t: t if re.fullmatch(r"[\w.]+", t) else f"({t})"  # noqa: E731
                 out.append(f"{wrap(top)}/{wrap(bottom)}")
             elif name == "sqrt":
                 text, i = _group(tex, i)
-                text = tex_text(text)
+                text = tex_text(text, depth + 1)
                 out.append(f"√{text}" if re.fullmatch(r"\w+", text) else f"√({text})")
             else:
                 raise Unreadable(tex)
         elif char in "^_":
             text, i = _group(tex, i + 1)
-            out.append(_script(tex_text(text), SUPER if char == "^" else SUB, char))
+            out.append(_script(tex_text(text, depth + 1), SUPER if char == "^" else SUB, char))
         elif char in "{}":
             i += 1
         else:

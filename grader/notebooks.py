@@ -6,6 +6,7 @@ never executed, and a submission is read without following a symbolic link.
     read_notebook(path) -> notebook                                      # the instructor's or the grader's own
     recovered(submission, release) -> (notebook, cells whose nbgrader metadata came back)
     grade_id(cell), source_text(cell), part_of(grade id), without_magics(source)
+    json_data(text) -> data                                              # JSON from a sandbox, every string encodable
 """
 import copy
 import json
@@ -15,6 +16,16 @@ import stat
 from pathlib import Path
 
 NOTEBOOK_BYTES = 50 * 2**20      # the largest notebook read, submitted or run
+# In JSON text: an escaped backslash, a surrogate pair, or a lone surrogate (the one to replace).
+SURROGATE_ESCAPE = re.compile(r"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|"
+                              r"(?P<lone>\\u[dD][89a-fA-F][0-9a-fA-F]{2})")
+
+
+def json_data(text: str):
+    """JSON text (a notebook, a record from a sandbox) parsed, each lone surrogate (`"\\ud800"`, legal
+    in a Python str, not in UTF-8) read as U+FFFD: every string in it can be printed, stored and
+    rendered (nbconvert, the terminal and the database encode UTF-8, and stopped on one)."""
+    return json.loads(SURROGATE_ESCAPE.sub(lambda m: "\\ufffd" if m["lone"] else m[0], text))
 
 
 def grade_id(cell: dict) -> str | None:
@@ -47,7 +58,7 @@ def parse_notebook(data: bytes) -> dict:
     if len(data) > NOTEBOOK_BYTES:
         raise ValueError(f"the notebook is larger than {NOTEBOOK_BYTES // 2**20} MB")
     try:
-        nb = json.loads(data.decode(errors="replace"))
+        nb = json_data(data.decode(errors="replace"))
     except RecursionError:
         raise ValueError("the file nests too deeply to be a notebook") from None
     except ValueError:

@@ -4,7 +4,21 @@ prints data the grader collected.
 
     print_table(assignment, graded, points)    # graded: {student: {test cell: points}}
     print_report(report, messages=True)        # report: grader.schedule.Report
+    printable(text) -> text                    # student-controlled text made safe for a terminal
+
+Every line printed goes through `printable`: a student chooses their messages, file names and
+answers, and a terminal obeys the control characters in them (move the cursor, erase the lines
+above, set the title, write the clipboard, hide what follows).
 """
+import unicodedata
+
+
+def printable(text) -> str:
+    """`text` with every control or format character (C0 but newline and tab, DEL, C1 and so every
+    escape sequence, bidirectional overrides, lone surrogates) written as its escape, `\\x1b`:
+    shown, never obeyed, and always encodable."""
+    return "".join(char if char in "\n\t" or unicodedata.category(char)[0] != "C"
+                   else char.encode("unicode_escape").decode() for char in str(text))
 
 
 def print_table(assignment: str, graded: dict[str, dict[str, float]], points: dict[str, float]) -> None:
@@ -12,7 +26,7 @@ def print_table(assignment: str, graded: dict[str, dict[str, float]], points: di
     print(f"{'student':26}" + "".join(f"{gid:>10}" for gid in points) + f"{'total':>8}")
     for student, by_cell in sorted(graded.items()):
         cells = "".join(f"{by_cell.get(gid, 0):>10g}" for gid in points)
-        print(f"{student:26}{cells}{sum(by_cell.values()):>8g}")
+        print(printable(f"{student:26}{cells}{sum(by_cell.values()):>8g}"))
 
 
 def print_report(report, messages: bool = True) -> None:
@@ -20,12 +34,12 @@ def print_report(report, messages: bool = True) -> None:
     message (as the runner gave it: never shown to students as is) and answers to read by hand."""
     for student, why in sorted(report.not_graded.items()):
         fate = "no grade written: the next run grades them" if student in report.unwritten else "recorded as 0"
-        print(f"  NOT GRADED {student}: {why} ({fate})")
+        print(printable(f"  NOT GRADED {student}: {why} ({fate})"))
     for student, note in sorted(report.notes.items()):
-        print(f"  note on {student}: {note}")
+        print(printable(f"  note on {student}: {note}"))
     for student, failed in sorted(report.messages.items()) if messages else ():
         for test, message in failed.items():
-            print(f"  {student} {test} failed: {' '.join(str(message).split())[:300]}")
+            print(printable(f"  {student} {test} failed: {' '.join(str(message).split())[:300]}"))
     for student, parts in sorted(report.flags.items()):
         for part, why in parts.items():
-            print(f"  READ {student} {part}: its answer {', '.join(why)}")
+            print(printable(f"  READ {student} {part}: its answer {', '.join(why)}"))

@@ -10,15 +10,19 @@ answers are not flagged (the tests check every exercise's solutions), and an ans
 tricks well may not be.
 """
 import ast
+import re
 import threading
 
 from grader.notebooks import grade_id, source_text
 
+IPYTHON_HELP = re.compile(r"[\w.]+\?\??")   # `naive_softmax?`: IPython's help, not Python
 PARSING = threading.Lock()      # CPython 3.11's ast.parse is not safe in two threads at once
 
 
 def _as_python(source: str) -> str:
-    return "\n".join("#" + line if line.lstrip().startswith(("%", "!")) else line for line in source.split("\n"))
+    """IPython's own lines (`%timeit`, `!ls`, `name?`, `?name`) commented out: the rest is Python."""
+    return "\n".join("#" + line if line.lstrip().startswith(("%", "!", "?")) or IPYTHON_HELP.fullmatch(line.strip())
+                     else line for line in source.split("\n"))
 
 
 # What an answer needs no part of: reaching into the runner, the system or the libraries. Each is
@@ -40,6 +44,10 @@ SUSPECT_NAMES = {
     "FunctionType": "builds functions from code objects", "__globals__": "reaches into a function's globals",
     "sqlite3": "opens databases", "inspect": "inspects frames or source", "gc": "searches the garbage collector", "ctypes": "calls C directly", "signal": "handles signals",
     "multiprocessing": "starts processes", "subprocess": "starts processes", "pty": "starts processes",
+    **dict.fromkeys(("threading", "_thread", "concurrent", "Thread", "ThreadPoolExecutor"),
+                    "starts threads (one started before the tests runs unwatched by the checks of "
+                    "forbidden calls and of own work)"),
+    "__module__": "finds modules through objects",
     "__builtins__": "changes built-ins", "builtins": "changes built-ins", "__class__": "changes an object's class",
     "__subclasses__": "walks the class tree", "__dict__": "reaches into objects' dictionaries",
     "mpcourse": ("uses the course library, whose reference implementations the own-work check watches "

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from grader import sandbox as sandboxing
 from grader.course import ENV, ROOT, nbgrader_command
-from grader.notebooks import grade_id, parse_notebook, part_of, source_text, without_magics
+from grader.notebooks import grade_id, json_data, parse_notebook, part_of, source_text, without_magics
 from grader.review_flags import PARSING  # one lock: ast.parse is not thread-safe in 3.11
 from grader.student_copy import CHECKS_WITH_EXPECTED, student_copy, without_expected  # noqa: F401
 from grader.withheld import declared
@@ -273,6 +273,6 @@ def run_hidden_tests(folder: Path, job: dict, sandbox: bool, timeout: int,
     if not line.startswith("RESULT "):
         return None, ("ran out of time" if run.killed else f"failed: {(run.stderr or run.stdout)[-500:]}")
     try:
-        return json.loads(line.removeprefix("RESULT ")), None
+        return json_data(line.removeprefix("RESULT ")), None
     except (ValueError, RecursionError):
         return None, "sent back a damaged record"

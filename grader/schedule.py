@@ -265,13 +265,12 @@ def grade_student(course, assignment, student, template, source, release, secret
             return None, ran, f"the instructor's reference solution fails its own tests: {error}", note, flags
 
 
-def failed(report: Report, student: str, why: str, written: bool = False) -> None:
-    """`student` not graded through no fault of theirs: named with the reason, and graded again
-    by the next run unless their grade was written all the same."""
+def failed(report: Report, student: str, why: str) -> None:
+    """`student` not graded through no fault of theirs: named with the reason, no grade written,
+    graded again by the next run."""
     report.not_graded[student] = why
-    if not written:
-        report.unwritten.add(student)
-        report.scores.pop(student, None)
+    report.unwritten.add(student)
+    report.scores.pop(student, None)
 
 
 def unrecorded(report: Report, gradebook, assignment: str, points: dict, student: str, error: Exception) -> None:
@@ -281,8 +280,11 @@ def unrecorded(report: Report, gradebook, assignment: str, points: dict, student
     except Exception:  # noqa: BLE001  the database is gone
         gradebook.db.rollback()
         written = False
-    what = "its grade was written, its feedback notebook was not" if written else "no grade was written"
-    failed(report, student, f"recording it failed ({what}): {error!r}"[:500], written=written)
+    if written:  # graded: a note, never "NOT GRADED ... recorded as 0" beside a grade that is not 0
+        why = f"its grade is written, its feedback notebook is not: building it failed: {error!r}"[:500]
+        report.notes[student] = "; ".join(filter(None, [report.notes.get(student), why]))
+    else:
+        failed(report, student, f"recording it failed (no grade was written): {error!r}"[:500])
 
 
 def progress_bar(assignment: str, total: int, shown: bool):

@@ -483,12 +483,16 @@ def test_honest_solutions_are_not_flagged_and_runner_tricks_are(assignment):
         return {"cells": [{"cell_type": "code", "source": src, "metadata": {"nbgrader": {"grade_id": gid}}}
                           for gid, src in cells.items()]}
     assert review_flags.review_flags(notebook_of(fabricate.solution_cells(assignment))) == {}
+    chatty = {gid: f"{src}\n%timeit 1 + 1\nprint?\nlen??\n" for gid, src in fabricate.solution_cells(assignment).items()}
+    assert review_flags.review_flags(notebook_of(chatty)) == {}  # IPython's help lines parse (red team 45: A3f)
     tricks = {"p1_solution": hostile_corpus.LEAK, "p2_solution": hostile_corpus.BUSY + hostile_corpus.SWAP,
-              "p3_solution": "import torch\ntorch.Tensor.__eq__ = lambda a, b: True\n",
+              "p3_solution": "import torch\ntorch.Tensor.__eq__ = lambda a, b: True\n"
+                             "from concurrent.futures import ThreadPoolExecutor\npool = ThreadPoolExecutor(1)\n",
               "p4_solution": "import sqlite3, os\nos.symlink('/proc/1/fd/1', 'x')\nf = lambda: 0\nf.__code__ = f.__code__.replace()\n"}
     flags = review_flags.review_flags(notebook_of(tricks))
     assert "reads the call stack" in flags["p1"] and "starts processes" in flags["p2"]
     assert "assigns to an attribute of torch" in flags["p3"]
+    assert any(why.startswith("starts threads") for why in flags["p3"])  # unseen by `forbidden=` (red team A3a)
     assert {"opens databases", "makes symbolic links", "reads /proc", "rewrites code objects"} <= set(flags["p4"])
 
 

@@ -150,14 +150,21 @@ def test_the_verdict_says_plainly_which_tests_passed_and_is_not_one_long_line():
     assert max(map(len, note.splitlines())) <= 90
 
 
-def lms_zip(path: Path, names: dict[str, str]) -> Path:
-    """A fabricated LMS download: {name in the zip: the notebook's marker}."""
+def lms_zip(path: Path, names: dict[str, str | dict]) -> Path:
+    """A fabricated LMS download: {name in the zip: the notebook's marker, or {name: marker} for a
+    zip a student uploaded}."""
+    import io
     import zipfile
     nb = json.loads((ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text())
     with zipfile.ZipFile(path, "w") as archive:
         for name, marker in names.items():
-            archive.writestr(name, json.dumps({**nb, "metadata": {**nb["metadata"], "marker": marker}}))
+            if isinstance(marker, dict):
+                lms_zip(inner := io.BytesIO(), marker)
+                archive.writestr(name, inner.getvalue())
+            else:
+                archive.writestr(name, json.dumps({**nb, "metadata": {**nb["metadata"], "marker": marker}}))
         archive.writestr("doejane_123456_7890123_notes.txt", "not a notebook")
+        archive.writestr("alice_333_5002_notes.gz", "not gzip: an archive that stopped every collection")
     return path
 
 
@@ -170,12 +177,18 @@ def collected(course: Path) -> dict[str, str]:
     ("canvas", {f"doejane_late_123456_7890123_{ASSIGNMENT}.ipynb": "jane first",
                 f"doejane_late_123456_7890123_{ASSIGNMENT}-1.ipynb": "jane second",
                 f"doejane_late_123456_7890123_{ASSIGNMENT}-2.ipynb": "jane latest",
-                f"smithomar_223344_7890456_Copy of {ASSIGNMENT}.ipynb": "omar only"},
-     {"doejane": "jane latest", "smithomar": "omar only"}),
+                f"smithomar_223344_7890456_Copy of {ASSIGNMENT}.ipynb": "omar only",
+                f"müllerjürgen_112_5001_{ASSIGNMENT}.ipynb": "jürgen",
+                "mallory_222_5001_evil.zip": {f"doejane_1_99999999_{ASSIGNMENT}.ipynb": "mallory's blank",
+                                              f"../../mallory_1_2_{ASSIGNMENT}.ipynb": "outside"},
+                f"../mallory_1_3_{ASSIGNMENT}.ipynb": "outside"},
+     {"doejane": "jane latest", "smithomar": "omar only", "müllerjürgen": "jürgen"}),
     ("moodle", {f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT}.ipynb": "jane first",
                 f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT} (1).ipynb": "jane latest",
                 f"Omar Smith_12346_assignsubmission_file_/{ASSIGNMENT}.ipynb": "omar only",
-                "Omar Smith_12346_assignsubmission_onlinetext_/onlinetext.html": "not a notebook"},
+                "Omar Smith_12346_assignsubmission_onlinetext_/onlinetext.html": "not a notebook",
+                f"Mallory Evil_55555_assignsubmission_file_/Jane Doe_12345_assignsubmission_file_{ASSIGNMENT} (7).ipynb":
+                    "mallory's blank"},
      {"jane_doe_12345": "jane latest", "omar_smith_12346": "omar only"}),
 ])
 def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, names, expected):
@@ -188,6 +201,13 @@ def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, n
     assert all(p.name == f"{ASSIGNMENT}.ipynb" for p in (course / "submitted").glob("*/*/*"))
     if lms == "canvas":
         assert "LATE: doejane" in result.stdout
+        assert "skipped mallory_222_5001_evil.zip: not a notebook" in result.stdout  # never opened
+        assert f"skipped ../mallory_1_3_{ASSIGNMENT}.ipynb: its name points outside" in result.stdout
+        assert "NOT COLLECTED alice: uploaded files, none of them a notebook" in result.stdout  # e.g. zipped
+    else:  # an upload's own name never makes it a classmate's
+        assert "mallory_evil_55555: skipped Jane Doe_12345" in result.stdout and "jane_doe_12345's upload" in result.stdout
+    assert "skipped alice_333_5002_notes.gz" in result.stdout  # one bad archive stops no one's collection
+    assert {p.suffix for p in (course / "downloaded").rglob("*") if p.is_file()} == {".ipynb"}
 
 
 @needs_sandbox

@@ -31,6 +31,20 @@ def test_a_wrong_answer_that_passes_the_visible_tests_loses_its_part(cell, wrong
     assert not verdict["passed"], f"{part}: an answer that {wrong} passed"
 
 
+def test_fractions_computed_as_float32_means_pass_parts_2_and_3():
+    """An honest habit: each fraction as `mask.float().mean().item()` (float32, off by ~1e-8 of the
+    exact count): Part 2 allows half a count, so must Part 3, whose table reuses `classify`
+    (its "lost" once had rtol 1e-12 and cost this answer Part 3: red team 45, A4c)."""
+    exact = ('return {"zero": zero.sum().item() / total, "subnormal": subnormal.sum().item() / total,\n'
+             '            "normal": normal.sum().item() / total, "overflow": overflow.sum().item() / total}')
+    solution = fabricate.solution_cells(EX)["p2_solution"]
+    assert exact in solution
+    means = solution.replace(exact, 'return {kind: mask.float().mean().item() for kind, mask in '
+                                    '(("zero", zero), ("subnormal", subnormal), ("normal", normal), ("overflow", overflow))}')
+    verdicts = judged(EX, {"p2_solution": means})
+    assert verdicts["p2_tests"]["passed"] and verdicts["p3_tests"]["passed"], verdicts
+
+
 def test_an_answer_that_checks_no_input_fails_the_visible_tests_of_each_part_that_asks_for_checks():
     cells = fabricate.solution_cells(EX)
     verdicts = judged(EX, {cell: unchecked(cells[cell]) for cell in ("p1_solution", "p2_solution", "p4_solution_b")},
