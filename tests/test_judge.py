@@ -126,14 +126,16 @@ def test_without_expected_refuses_tests_it_cannot_strip():
             runs.without_expected(test)
 
 
+def graded_test_cells(assignment: str) -> list[str]:
+    """The source of each graded test cell of `assignment`'s solution notebook."""
+    source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    return [notebooks.source_text(cell) for cell in source["cells"]
+            if cell["cell_type"] == "code" and cell.get("metadata", {}).get("nbgrader", {}).get("grade")]
+
+
 @pytest.mark.parametrize("assignment", assignments())
 def test_every_exercise_test_cell_can_be_stripped_and_every_part_records_a_value(assignment):
-    source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
-    for cell in source["cells"]:
-        nbgrader = cell.get("metadata", {}).get("nbgrader", {})
-        if not (nbgrader.get("grade") and cell["cell_type"] == "code"):
-            continue
-        text = notebooks.source_text(cell)
+    for text in graded_test_cells(assignment):
         tree = ast.parse(runs.without_expected(text))
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in runs.CHECKS_WITH_EXPECTED:
@@ -229,12 +231,7 @@ def test_the_students_copy_refuses_to_use_a_withheld_library_function():
 def test_every_parts_hidden_tests_draw_their_inputs_from_the_secret(assignment):
     """A part whose hidden tests draw nothing from grading.seed has the same answers for every
     student, every year: a table of them passes (ex4 Part 2 did)."""
-    source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
-    for cell in source["cells"]:
-        nbgrader = cell.get("metadata", {}).get("nbgrader", {})
-        if not (nbgrader.get("grade") and cell["cell_type"] == "code"):
-            continue
-        text = notebooks.source_text(cell)
+    for text in graded_test_cells(assignment):
         lines = text.splitlines()
         begin = next(i for i, line in enumerate(lines, 1) if "### BEGIN HIDDEN TESTS" in line)
         end = next(i for i, line in enumerate(lines, 1) if "### END HIDDEN TESTS" in line)
