@@ -4,6 +4,8 @@ grader says which side it is on, the side that runs student code or the side tha
 Both are read from the source (ast), nothing is imported."""
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,3 +133,16 @@ def test_every_grader_module_says_which_side_it_is_on_and_the_map_lists_it():
         unlisted += [] if path.name == "__main__.py" or re.search(rf"[\s`]{path.stem}[\s`,]", listed) else [path.stem]
     assert not unsaid, f"these modules do not say which side they are on (or say both): {unsaid}"
     assert not unlisted, f"grader/__init__.py's map does not list {unlisted}"
+
+
+def test_import_mpcourse_imports_no_module_until_it_is_used():
+    """`import mpcourse` is cheap (its modules load when first named: a grading sandbox or a
+    kernel pays only for what it uses), and an unknown name is a clear AttributeError."""
+    code = ("import sys, mpcourse\n"
+            "assert 'mpcourse.bench' not in sys.modules and 'matplotlib' not in sys.modules, 'eager import'\n"
+            "assert mpcourse.formats.FloatFormat and 'mpcourse.formats' in sys.modules\n"
+            "assert 'fp8' in dir(mpcourse)\n"
+            "try:\n    mpcourse.no_such_module\nexcept AttributeError as error:\n    assert 'no_such_module' in str(error)\n"
+            "else:\n    raise AssertionError('no AttributeError')\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
