@@ -135,7 +135,9 @@ def test_own_work_sees_a_watcher_switched_off_and_restored():
 @pytest.mark.parametrize("call", [lambda x: torch.softmax(x, 0), lambda x: x.softmax(0),
                                   lambda x: torch.nn.functional.softmax(x, dim=0),
                                   lambda x: torch.special.softmax(x, 0),
-                                  lambda x: torch._softmax(x, 0, False)])
+                                  lambda x: torch._softmax(x, 0, False),
+                                  lambda x: torch.ops.aten._softmax.default(x, 0, False),
+                                  lambda x: torch.ops.aten.softmax.int(x, 0)])
 def test_a_part_can_forbid_a_torch_function(call):
     grading.start("Part 9", forbidden=("softmax",))
     try:
