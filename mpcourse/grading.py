@@ -138,8 +138,13 @@ def start(part: str, forbidden: tuple[str, ...] = (), withheld: tuple[str, ...] 
     `forbidden`: names of torch functions (e.g. "softmax") the part's answer may not call.
     `withheld`: the course library's functions the part asks you to write yourself
     ("mpcourse.numerics.naive_softmax"): when your work is graded, the hidden tests run with a copy
-    of the library in which they are absent (calling one raises AttributeError). Here, nothing."""
+    of the library in which they are absent (calling one raises AttributeError). Here, nothing.
+    The tests run with torch's default dtype, float32, whatever a cell set before them."""
     _check_untampered()
+    if torch.get_default_dtype() != torch.float32:  # the tests' own inputs would change dtype
+        print(f"torch's default dtype was {torch.get_default_dtype()} (torch.set_default_dtype): "
+              "the tests set it back to torch.float32, the default they are written for.")
+        torch.set_default_dtype(torch.float32)
     _forbidden.clear()
     _forbidden.update(forbidden)
     if part in _parts_passed:

@@ -148,6 +148,18 @@ def test_a_part_can_forbid_a_torch_function(call):
     grading.own_work(call, torch.randn(3))  # allowed where the part forbids nothing
 
 
+def test_start_sets_torchs_default_dtype_back_to_float32_and_says_so(capsys):
+    torch.set_default_dtype(torch.float64)
+    try:
+        grading.start("Part 9")
+        assert torch.get_default_dtype() == torch.float32 and torch.randn(2).dtype == torch.float32
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert "default dtype was torch.float64" in capsys.readouterr().out
+    grading.start("Part 9")
+    assert capsys.readouterr().out == ""  # nothing to say when nothing changed
+
+
 def test_own_work_refuses_subclasses_of_plain_types_and_accepts_numpys_and_torchs():
     class AlwaysEqual(float):
         def __eq__(self, other):
