@@ -176,8 +176,11 @@ def unpack(download: Path, into: Path) -> dict[str, str]:
                 why = f"larger than {NOTEBOOK_BYTES // 2**20} MB"
             else:
                 target = into.joinpath(*relative.parts)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(data)
+                except OSError as error:  # a name longer than the file system holds
+                    why = f"cannot be written here ({error.strerror}): rename it in the download"
         if why:
             skipped[name] = why
     return skipped

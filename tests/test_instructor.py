@@ -182,7 +182,8 @@ def collected(course: Path) -> dict[str, str]:
                 f"müllerjürgen_112_5001_{ASSIGNMENT}.ipynb": "jürgen",
                 "mallory_222_5001_evil.zip": {f"doejane_1_99999999_{ASSIGNMENT}.ipynb": "mallory's blank",
                                               f"../../mallory_1_2_{ASSIGNMENT}.ipynb": "outside"},
-                f"../mallory_1_3_{ASSIGNMENT}.ipynb": "outside"},
+                f"../mallory_1_3_{ASSIGNMENT}.ipynb": "outside",
+                f"{'c' * 240}_1_4_{ASSIGNMENT}.ipynb": "a name longer than a file system holds"},
      {"doejane": "jane latest", "smithomar": "omar only", "müllerjürgen": "jürgen"}),
     ("moodle", {f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT}.ipynb": "jane first",
                 f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT} (1).ipynb": "jane latest",
@@ -205,6 +206,7 @@ def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, n
         assert "skipped mallory_222_5001_evil.zip: not a notebook" in result.stdout  # never opened
         assert f"skipped ../mallory_1_3_{ASSIGNMENT}.ipynb: its name points outside" in result.stdout
         assert "NOT COLLECTED alice: uploaded files, none of them a notebook" in result.stdout  # e.g. zipped
+        assert f"skipped {'c' * 240}_1_4_{ASSIGNMENT}.ipynb: cannot be written here (File name too long)" in result.stdout
     else:  # an upload's own name never makes it a classmate's
         assert "mallory_evil_55555: skipped Jane Doe_12345" in result.stdout and "jane_doe_12345's upload" in result.stdout
     assert "skipped alice_333_5002_notes.gz" in result.stdout  # one bad archive stops no one's collection
