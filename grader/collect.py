@@ -24,7 +24,8 @@ file's name at the top of the download; Moodle: the submission's folder, or the 
 there is no folder), never a name a student chose inside it. An upload that is not a notebook (an
 archive too: it is never opened, so no bomb, damaged file or traversal in it stops the collection),
 a notebook inside a folder the LMS did not write, a notebook whose own name claims another student,
-a name outside the download or a file over NOTEBOOK_BYTES: skipped, each named in the summary.
+a name outside the download or too long to write, a file over NOTEBOOK_BYTES: skipped, each named
+in the summary.
 
 Each student's latest notebook (highest submission id, then highest suffix) is collected as
 submitted/<student>/ASSIGNMENT/ASSIGNMENT.ipynb, whatever the student named it (the assignment is
