@@ -47,6 +47,7 @@ from pathlib import Path, PurePosixPath
 from nbgrader.plugins import FileNameCollectorPlugin
 
 from grader.course import BIN, ROOT
+from grader.gradebook import STUDENT_ID_CHARS
 from grader.notebooks import NOTEBOOK_BYTES
 from grader.report import printable
 
@@ -54,7 +55,6 @@ CANVAS = re.compile(r"^(?P<login>[\w.\-]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<su
                     re.I)  # \w: a login may hold any letter (müllerjürgen)
 MOODLE = re.compile(r"^(?P<person>.+?)_(?P<user>\d+)_assign(?:submission|feedback)_[a-z]+_(?P<name>.*)$")
 AGAIN = re.compile(r"(?:-(\d+)| \((\d+)\))$")  # name-2.ipynb (Canvas), name (2).ipynb (Moodle)
-STUDENT_ID_CHARS = 128  # nbgrader's student.id, varchar(128): PostgreSQL refuses more, SQLite would not
 
 
 def gradebook_id(lms_id: str) -> str:

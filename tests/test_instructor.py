@@ -239,6 +239,13 @@ def test_an_id_longer_than_the_gradebook_holds_is_shortened_alike_on_every_run_a
             assert gradebook.prepare(course, ASSIGNMENT, url) == sorted(ids)
             with Gradebook(gradebook.db_url(course, url)) as book:
                 assert sorted(s.id for s in book.students) == sorted(ids)
+    by_hand = course / "submitted" / ("z" * 129) / ASSIGNMENT  # not through collect: refused, named
+    by_hand.mkdir(parents=True)
+    (by_hand / f"{ASSIGNMENT}.ipynb").write_text("{}")
+    refused = subprocess.run([sys.executable, "-m", "grader", "prepare", ASSIGNMENT, "--course", str(course)],
+                             cwd=ROOT, capture_output=True, text=True)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+    assert f"longer than the gradebook's 128 characters in {course / 'submitted'}: {'z' * 129}. Rename" in refused.stderr
 
 
 @needs_sandbox
