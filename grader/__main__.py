@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.assignments or cli.error("prepare: name the assignments"):
             try:
                 prepare(args.course.resolve(), name, args.db_url)
+            except ValueError as error:
+                sys.exit(f"python -m grader prepare {name}: {error}")
             except OperationalError as error:
                 sys.exit(f"python -m grader prepare {name}: the gradebook cannot be reached: {error.orig}")
     elif args.command == "collect":

@@ -24,14 +24,18 @@ file's name at the top of the download; Moodle: the submission's folder, or the 
 there is no folder), never a name a student chose inside it. An upload that is not a notebook (an
 archive too: it is never opened, so no bomb, damaged file or traversal in it stops the collection),
 a notebook inside a folder the LMS did not write, a notebook whose own name claims another student,
-a name outside the download or a file over NOTEBOOK_BYTES: skipped, each named in the summary.
+a name outside the download or too long to write, a file over NOTEBOOK_BYTES: skipped, each named
+in the summary.
 
 Each student's latest notebook (highest submission id, then highest suffix) is collected as
 submitted/<student>/ASSIGNMENT/ASSIGNMENT.ipynb, whatever the student named it (the assignment is
 one notebook); the others are skipped with a note, so two files from one student do not stop the
 collection. Student ids: Canvas's login (`doejane`), Moodle's name and participant number
-(`jane_doe_12345`). Late hand-ins are named in the log (`LATE`); no grade depends on it.
+(`jane_doe_12345`); one longer than the gradebook holds (STUDENT_ID_CHARS, on SQLite as on
+PostgreSQL) is shortened the same way on every run (`gradebook_id`) and named in the log
+(`LONG ID`). Late hand-ins are named in the log (`LATE`); no grade depends on it.
 """
+import hashlib
 import os
 import re
 import shutil
@@ -43,6 +47,7 @@ from pathlib import Path, PurePosixPath
 from nbgrader.plugins import FileNameCollectorPlugin
 
 from grader.course import BIN, ROOT
+from grader.gradebook import STUDENT_ID_CHARS
 from grader.notebooks import NOTEBOOK_BYTES
 from grader.report import printable
 
@@ -50,6 +55,15 @@ CANVAS = re.compile(r"^(?P<login>[\w.\-]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<su
                     re.I)  # \w: a login may hold any letter (müllerjürgen)
 MOODLE = re.compile(r"^(?P<person>.+?)_(?P<user>\d+)_assign(?:submission|feedback)_[a-z]+_(?P<name>.*)$")
 AGAIN = re.compile(r"(?:-(\d+)| \((\d+)\))$")  # name-2.ipynb (Canvas), name (2).ipynb (Moodle)
+
+
+def gradebook_id(lms_id: str) -> str:
+    """`lms_id`, or, if the gradebook cannot hold it, its start and a hash of the whole: the same
+    id on every run and either database, and never one two students share."""
+    if len(lms_id) <= STUDENT_ID_CHARS:
+        return lms_id
+    digest = hashlib.sha256(lms_id.encode()).hexdigest()[:12]
+    return f"{lms_id[:STUDENT_ID_CHARS - len(digest) - 1]}_{digest}"
 
 
 def upload_number(name: str) -> int:
@@ -62,7 +76,8 @@ def canvas(relative: Path) -> dict | None:
     match = CANVAS.match(relative.name) if len(relative.parts) == 1 else None
     if not match:
         return None
-    return {"student_id": match["login"].lower(), "late": bool(match["late"]),
+    login = match["login"].lower()
+    return {"student_id": gradebook_id(login), "lms_id": login, "late": bool(match["late"]),
             "order": (int(match["submission"]), upload_number(match["name"]))}
 
 
@@ -81,12 +96,13 @@ def moodle(relative: Path) -> dict | None:
             return None
         owner = moodle_student(folder)
         if own and moodle_student(own) != owner:
-            return {"student_id": owner, "claims": moodle_student(own)}
+            return {"student_id": gradebook_id(owner), "claims": moodle_student(own)}
     elif own and own["name"]:
         owner = moodle_student(own)
     else:
         return None
-    return {"student_id": owner, "late": False, "order": (0, upload_number(own["name"] if own else relative.name))}
+    return {"student_id": gradebook_id(owner), "lms_id": owner, "late": False,
+            "order": (0, upload_number(own["name"] if own else relative.name))}
 
 
 class LatestNotebookCollector(FileNameCollectorPlugin):
@@ -115,6 +131,9 @@ class LatestNotebookCollector(FileNameCollectorPlugin):
         if latest != str(path):
             self.log.warning("%s: skipped %s, an earlier upload than %s", info["student_id"], path.name, Path(latest).name)
             return None
+        if info["student_id"] != info["lms_id"]:
+            self.log.warning("LONG ID: %s is collected as %s: the gradebook holds ids of at most %d characters",
+                             info["lms_id"], info["student_id"], STUDENT_ID_CHARS)
         if info["late"]:
             self.log.warning("LATE: %s handed in %s late", info["student_id"], assignment)
         return {"student_id": info["student_id"], "file_id": f"{assignment}.ipynb"}
@@ -158,8 +177,11 @@ def unpack(download: Path, into: Path) -> dict[str, str]:
                 why = f"larger than {NOTEBOOK_BYTES // 2**20} MB"
             else:
                 target = into.joinpath(*relative.parts)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(data)
+                except OSError as error:  # a name longer than the file system holds
+                    why = f"cannot be written here ({error.strerror}): rename it in the download"
         if why:
             skipped[name] = why
     return skipped
@@ -187,7 +209,8 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
     if result.returncode != 0:
         sys.exit(printable(f"nbgrader zip_collect failed:\n{log[-3000:]}"))
     for line in [f"skipped {name}: {why}" for name, why in skipped.items()] + [
-            line.split("] ", 1)[-1] for line in log.splitlines() if "LATE:" in line or "skipped" in line.lower()]:
+            line.split("] ", 1)[-1] for line in log.splitlines()
+            if "LATE:" in line or "LONG ID:" in line or "skipped" in line.lower()]:
         print(" ", printable(line))
     students = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
     print(printable(f"{len(students)} submissions of {assignment} in {course / 'submitted'}: {', '.join(students)}"))

@@ -27,6 +27,8 @@ from grader.course import ENV, nbgrader, nbgrader_command
 from grader.feedback import feedback_notebook, safe_message
 from grader.notebooks import write_private
 
+STUDENT_ID_CHARS = 128  # nbgrader's student.id, varchar(128): PostgreSQL refuses more, SQLite would not
+
 PLACEHOLDER_SECRET = "public-placeholder"
 RETRIES = 8  # a busy database (SQLite locked by another process, a PostgreSQL conflict): tries per student
 
@@ -107,8 +109,13 @@ def prepare(course: Path, assignment: str, url: str | None = None) -> list[str]:
         engine.connect().close()  # an unreachable server: sqlalchemy's OperationalError, before nbgrader's traceback
     finally:
         engine.dispose()
-    register(course, assignment, url)
     students = submitters(course, assignment)
+    too_long = [s for s in students if len(s) > STUDENT_ID_CHARS]
+    if too_long:  # SQLite would take them, PostgreSQL not: the gradebooks would differ
+        raise ValueError(f"student ids longer than the gradebook's {STUDENT_ID_CHARS} characters in "
+                         f"{course / 'submitted'}: {', '.join(too_long)}. Rename their folders there "
+                         "(python -m grader collect shortens such ids itself)")
+    register(course, assignment, url)
     with Gradebook(db_url(course, url)) as gradebook:
         for student in students:
             gradebook.update_or_create_student(student)

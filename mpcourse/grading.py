@@ -138,8 +138,13 @@ def start(part: str, forbidden: tuple[str, ...] = (), withheld: tuple[str, ...] 
     `forbidden`: names of torch functions (e.g. "softmax") the part's answer may not call.
     `withheld`: the course library's functions the part asks you to write yourself
     ("mpcourse.numerics.naive_softmax"): when your work is graded, the hidden tests run with a copy
-    of the library in which they are absent (calling one raises AttributeError). Here, nothing."""
+    of the library in which they are absent (calling one raises AttributeError). Here, nothing.
+    The tests run with torch's default dtype, float32, whatever a cell set before them."""
     _check_untampered()
+    if torch.get_default_dtype() != torch.float32:  # the tests' own inputs would change dtype
+        print(f"torch's default dtype was {torch.get_default_dtype()} (torch.set_default_dtype): "
+              "the tests set it back to torch.float32, the default they are written for.")
+        torch.set_default_dtype(torch.float32)
     _forbidden.clear()
     _forbidden.update(forbidden)
     if part in _parts_passed:
@@ -171,6 +176,14 @@ def _is_forbidden(name) -> bool:
     return isinstance(name, str) and name.lstrip("_").removeprefix("special_") in _forbidden
 
 
+def _torch_name(frame) -> str:
+    """The name of the torch function `frame` runs; for an operator's `__call__`
+    (torch.ops.aten._softmax.default), the operator's, as the C function it calls has none."""
+    if frame.f_code.co_name == "__call__" and type(own := frame.f_locals.get("self")) is torch._ops.OpOverload:
+        return own._opname
+    return frame.f_code.co_name
+
+
 @contextlib.contextmanager
 def _watch_calls_into(directory: Path, excluded: Path):
     """Yield a list that fills with the mpcourse functions (and forbidden torch functions) called
@@ -183,8 +196,8 @@ def _watch_calls_into(directory: Path, excluded: Path):
             filename = frame.f_code.co_filename
             if filename.startswith(str(directory)) and Path(filename).resolve() != excluded:
                 calls.append(f"{Path(filename).stem}.{frame.f_code.co_name}")
-            elif _is_forbidden(frame.f_code.co_name) and filename.startswith(str(_TRUSTED_DIRS[1])):
-                calls.append(f"torch {frame.f_code.co_name}")
+            elif filename.startswith(str(_TRUSTED_DIRS[1])) and _is_forbidden(name := _torch_name(frame)):
+                calls.append(f"torch {name}")
         elif event == "c_call" and _is_forbidden(getattr(arg, "__name__", None)):
             calls.append(f"torch.{arg.__name__}")
 

@@ -135,7 +135,9 @@ def test_own_work_sees_a_watcher_switched_off_and_restored():
 @pytest.mark.parametrize("call", [lambda x: torch.softmax(x, 0), lambda x: x.softmax(0),
                                   lambda x: torch.nn.functional.softmax(x, dim=0),
                                   lambda x: torch.special.softmax(x, 0),
-                                  lambda x: torch._softmax(x, 0, False)])
+                                  lambda x: torch._softmax(x, 0, False),
+                                  lambda x: torch.ops.aten._softmax.default(x, 0, False),
+                                  lambda x: torch.ops.aten.softmax.int(x, 0)])
 def test_a_part_can_forbid_a_torch_function(call):
     grading.start("Part 9", forbidden=("softmax",))
     try:
@@ -144,6 +146,18 @@ def test_a_part_can_forbid_a_torch_function(call):
     finally:
         grading.start("Part 9")
     grading.own_work(call, torch.randn(3))  # allowed where the part forbids nothing
+
+
+def test_start_sets_torchs_default_dtype_back_to_float32_and_says_so(capsys):
+    torch.set_default_dtype(torch.float64)
+    try:
+        grading.start("Part 9")
+        assert torch.get_default_dtype() == torch.float32 and torch.randn(2).dtype == torch.float32
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert "default dtype was torch.float64" in capsys.readouterr().out
+    grading.start("Part 9")
+    assert capsys.readouterr().out == ""  # nothing to say when nothing changed
 
 
 def test_own_work_refuses_subclasses_of_plain_types_and_accepts_numpys_and_torchs():

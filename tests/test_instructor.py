@@ -1,5 +1,6 @@
 """The instructor's path from a fresh private clone to returnable feedback (issue 36): each step
 the guide gives works as written, on one tiny course with few students."""
+import contextlib
 import json
 import os
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 from grader import fabricate, feedback, gradebook, runs, schedule  # noqa: E402
-from tests import browser  # noqa: E402
+from tests import browser, postgres  # noqa: E402
 
 CHROMIUM = browser.find_chromium()
 
@@ -181,7 +182,8 @@ def collected(course: Path) -> dict[str, str]:
                 f"müllerjürgen_112_5001_{ASSIGNMENT}.ipynb": "jürgen",
                 "mallory_222_5001_evil.zip": {f"doejane_1_99999999_{ASSIGNMENT}.ipynb": "mallory's blank",
                                               f"../../mallory_1_2_{ASSIGNMENT}.ipynb": "outside"},
-                f"../mallory_1_3_{ASSIGNMENT}.ipynb": "outside"},
+                f"../mallory_1_3_{ASSIGNMENT}.ipynb": "outside",
+                f"{'c' * 240}_1_4_{ASSIGNMENT}.ipynb": "a name longer than a file system holds"},
      {"doejane": "jane latest", "smithomar": "omar only", "müllerjürgen": "jürgen"}),
     ("moodle", {f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT}.ipynb": "jane first",
                 f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT} (1).ipynb": "jane latest",
@@ -204,10 +206,46 @@ def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, n
         assert "skipped mallory_222_5001_evil.zip: not a notebook" in result.stdout  # never opened
         assert f"skipped ../mallory_1_3_{ASSIGNMENT}.ipynb: its name points outside" in result.stdout
         assert "NOT COLLECTED alice: uploaded files, none of them a notebook" in result.stdout  # e.g. zipped
+        assert f"skipped {'c' * 240}_1_4_{ASSIGNMENT}.ipynb: cannot be written here (File name too long)" in result.stdout
     else:  # an upload's own name never makes it a classmate's
         assert "mallory_evil_55555: skipped Jane Doe_12345" in result.stdout and "jane_doe_12345's upload" in result.stdout
     assert "skipped alice_333_5002_notes.gz" in result.stdout  # one bad archive stops no one's collection
     assert {p.suffix for p in (course / "downloaded").rglob("*") if p.is_file()} == {".ipynb"}
+
+
+def test_an_id_longer_than_the_gradebook_holds_is_shortened_alike_on_every_run_and_database(tmp_path):
+    """Red team A9: a 200-character Canvas login crashed `prepare` on PostgreSQL (varchar(128)),
+    which SQLite took: the two gradebooks differed."""
+    course = fresh_course(tmp_path / "course")
+    long = "a" * 200
+    download = lms_zip(tmp_path / "canvas.zip", {f"{long}_1_99_{ASSIGNMENT}.ipynb": "long",
+                                                 f"{long}b_1_98_{ASSIGNMENT}.ipynb": "longer",
+                                                 f"doejane_111_5000_{ASSIGNMENT}.ipynb": "jane"})
+    line = [sys.executable, "-m", "grader", "collect", ASSIGNMENT, "--lms", "canvas", "--zip", str(download),
+            "--course", str(course)]
+    results = [subprocess.run(line, cwd=ROOT, capture_output=True, text=True) for _ in range(2)]
+    assert all(r.returncode == 0 for r in results), results[-1].stdout + results[-1].stderr
+    ids = collected(course)
+    assert sorted(ids.values()) == ["jane", "long", "longer"] and len(ids) == 3  # nothing stacked under a second id
+    shortened = [s for s in ids if s != "doejane"]
+    assert all(len(s) == 128 and s.startswith("a" * 100) for s in shortened)
+    assert f"LONG ID: {long} is collected as {[s for s in ids if ids[s] == 'long'][0]}" in results[-1].stdout
+    from nbgrader.api import Gradebook
+    urls = {"sqlite": None}
+    with contextlib.ExitStack() as stack:
+        if postgres.problem() is None:
+            urls["postgresql"] = stack.enter_context(postgres.Server()).database("gradebook")
+        for url in urls.values():
+            assert gradebook.prepare(course, ASSIGNMENT, url) == sorted(ids)
+            with Gradebook(gradebook.db_url(course, url)) as book:
+                assert sorted(s.id for s in book.students) == sorted(ids)
+    by_hand = course / "submitted" / ("z" * 129) / ASSIGNMENT  # not through collect: refused, named
+    by_hand.mkdir(parents=True)
+    (by_hand / f"{ASSIGNMENT}.ipynb").write_text("{}")
+    refused = subprocess.run([sys.executable, "-m", "grader", "prepare", ASSIGNMENT, "--course", str(course)],
+                             cwd=ROOT, capture_output=True, text=True)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+    assert f"longer than the gradebook's 128 characters in {course / 'submitted'}: {'z' * 129}. Rename" in refused.stderr
 
 
 @needs_sandbox

@@ -31,3 +31,24 @@ def test_a_wrong_answer_that_passes_the_visible_tests_loses_its_part(part, wrong
     assert text in solution
     verdict = judged(EX, {f"{part}_solution": solution.replace(text, broken)}, only=part)[f"{part}_tests"]
     assert not verdict["passed"], f"{part}: an answer that {wrong} passed"
+
+
+# Part 3's update(), written as red team A10 wrote it: torch's own GradScaler kernel does the work.
+TORCH_KERNEL = '''    def update(self, found_inf):
+        """End a step: torch's GradScaler kernel decides."""
+        scale = torch.tensor(self.scale, dtype=torch.float32)
+        steps = torch.tensor(self.clean_steps, dtype=torch.int32)
+        torch._amp_update_scale_(scale, steps, torch.tensor(float(found_inf)), self.growth_factor,
+                                 self.backoff_factor, self.growth_interval)
+        self.scale, self.clean_steps = float(scale), int(steps)
+'''
+
+
+def test_part_3_refuses_torchs_gradscaler_kernel_and_keeps_an_honest_answers_marks():
+    solution = fabricate.solution_cells(EX)["p3_solution"]
+    update = solution.index("    def update(self, found_inf):")
+    verdicts = {answer: judged(EX, {"p3_solution": answer}, only="p3")["p3_tests"]
+                for answer in (solution, solution[:update] + TORCH_KERNEL)}
+    assert verdicts[solution]["passed"], verdicts[solution]["message"]
+    refused = verdicts[solution[:update] + TORCH_KERNEL]
+    assert not refused["passed"] and "torch._amp_update_scale_" in refused["message"], refused

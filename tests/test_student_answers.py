@@ -169,6 +169,15 @@ def test_honest_notebook_habits_in_an_answer_cell_keep_their_points():
     assert verdicts["p1_tests"]["passed"], verdicts["p1_tests"]
 
 
+def test_an_answer_cell_that_sets_torchs_default_dtype_does_not_change_the_tests_inputs():
+    """Red team A8c: float64 as the default made the tests' "float32 x" float64, and a right
+    naive_softmax lost Part 1 for returning it in float64."""
+    solution = fabricate.solution_cells("ex4_softmax_stability")["p1_solution"]
+    answer = "torch.set_default_dtype(torch.float64)  # accurate references\n" + solution
+    verdicts, _ = run("ex4_softmax_stability", {"p1_solution": answer}, only="p1")
+    assert verdicts["p1_tests"]["passed"], verdicts["p1_tests"]
+
+
 def test_help_lines_are_comments_and_a_question_mark_elsewhere_is_not_touched():
     assert notebooks.without_magics("torch.nextafter?\n  ?np.log\nx = '?'\ny = a if b else c") == (
         "# (not run by the grader) torch.nextafter?\n# (not run by the grader)   ?np.log\nx = '?'\ny = a if b else c")
