@@ -255,6 +255,18 @@ def test_precision_names_and_support_on_the_cpu():
         assert supported is expected and reason, precision
 
 
+
+def test_cpu_support_names_the_bf16_units_it_found(monkeypatch):
+    """AVX-512 BF16 without AMX is said to be so (often slower than FP32), not 'AVX-512/AMX'."""
+    from mpcourse.bench import specs
+    for flags, words, absent in (({"avx512_bf16"}, "no AMX", "has AMX"),
+                                 ({"avx512_bf16", "amx_bf16"}, "has AMX-BF16", "no AMX")):
+        monkeypatch.setattr(specs, "_cpu_model_and_flags", lambda flags=flags: ("test CPU", flags))
+        supported, reason = precision_support("bf16", "cpu")
+        assert supported and words in reason and absent not in reason, reason
+    monkeypatch.setattr(specs, "_cpu_model_and_flags", lambda: ("test CPU", set()))
+    assert "no BF16 instructions" in precision_support("bf16", "cpu")[1]
+
 # --- probes ------------------------------------------------------------------------------------
 class SteppingClock:
     """A clock that moves by ``step_ms`` each time it is read: each timed call reads it twice

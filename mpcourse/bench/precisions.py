@@ -87,8 +87,9 @@ class PrecisionComparison:
         model_flops_per_step = tokens * (6 * parameters + 12 * seq_len * dim)
 
     (6 per parameter and token: 2 forward, 4 backward; the second term is attention's q·kᵀ and
-    its product with v, which have no parameters.) MFU is that over the step time, over the
-    device's dense peak.
+    its product with v, which have no parameters.) MFU is that over the step time, over a
+    dense peak of the device: one peak (BF16's) for every precision, so that MFUs compare across
+    precisions; divided by each precision's own peak, a faster FP8 step can show a lower MFU.
     """
     rows: tuple[PrecisionRow, ...]
     device: str

@@ -384,10 +384,16 @@ def precision_support(precision, device=None) -> tuple[bool, str]:
         label = PRECISION_LABELS[precision]
         if fast is None:
             return True, f"{label} runs; whether this CPU has {label} instructions is unknown"
-        return True, (f"{label} runs; this CPU has {label} instructions (AVX-512/AMX), which "
-                      "PyTorch's kernels use for some operations" if fast
-                      else f"{label} runs, but this CPU has no {label} instructions: kernels "
-                      "convert to FP32, expect no speed-up")
+        if not fast:
+            return True, (f"{label} runs, but this CPU has no {label} instructions: kernels "
+                          "convert to FP32, expect no speed-up")
+        flags = _cpu_model_and_flags()[1] or set()
+        if f"amx_{precision}" in flags:
+            return True, (f"{label} runs; this CPU has AMX-{label} matrix tiles, which PyTorch's "
+                          "matrix products use")
+        return True, (f"{label} runs; this CPU has AVX-512 {label} vector instructions but no AMX "
+                      f"matrix tiles: PyTorch's {label} training path is often slower than FP32 "
+                      "on such a CPU")
     major, minor = info.compute_capability
     if info.vendor == "amd":
         return _amd_support(precision, info)
