@@ -79,11 +79,13 @@ class HookState:
 def _allreduce_in(state: HookState, buffer: torch.Tensor, wire: torch.dtype):
     """Average ``buffer`` over the ranks, sent as ``wire``; a future holding it in its own dtype.
 
-    The division by N comes first, as in DDP's own hooks, so the sum cannot overflow FP16.
+    In the order of PyTorch's own compression hooks (``buffer.to(dtype).div_(world_size)``): cast
+    to the wire format first, then divide by N in it, before the sum, so the sum cannot overflow.
+    Unless N is a power of two, the division rounds a second time.
     """
     state.bucket_dtypes.append(buffer.dtype)
     n = dist.get_world_size(state.process_group)
-    message = (buffer / n).to(wire)
+    message = buffer.to(wire, copy=True).div_(n)
     state.record_cast(buffer.double() / n, message)
     state.wire_bytes += ring_traffic_bytes(message.numel() * message.element_size(), n)
     future = dist.all_reduce(message, group=state.process_group, async_op=True).get_future()

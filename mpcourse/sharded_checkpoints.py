@@ -119,20 +119,23 @@ def same_state(a: dict, b: dict) -> bool:
 
 
 def split_batch_gradients(dtype=torch.float16, *, world_size: int = 2, step: int = 0,
-                          seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                          seed: int = 0, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(g_whole, mean_r g_r)`` in float64: the gradient of one pass over the global batch and
     the mean of the gradients of its ``world_size`` equal slices, all computed with the tiny
-    transformer's weights in ``dtype``.
+    transformer's weights in ``dtype``, the loss multiplied by the loss scale ``scale`` before
+    backward and each gradient divided by it afterwards (in float64), as a gradient scaler does.
 
     In exact arithmetic the two are the same vector (:func:`~mpcourse.engines.lm_loss` is a mean
     and the slices are equal), which is what FSDP2 computes on 1 rank and on ``world_size`` ranks:
     what separates them is rounding alone."""
     _check_world_sizes(world_size)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
 
     def gradient(x, y):
         model = transformer(seed).to(dtype)
-        lm_loss(model, x, y).backward()
-        return torch.cat([p.grad.flatten() for p in model.parameters()]).double()
+        (lm_loss(model, x, y) * scale).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()]).double() / scale
 
     whole = gradient(*lm_rank_batch(0, 1, step=step, seed=seed))
     parts = [gradient(*lm_rank_batch(r, world_size, step=step, seed=seed)) for r in range(world_size)]

@@ -149,3 +149,35 @@ def test_one_rank_and_two_compute_the_same_gradient_up_to_rounding():
 def test_a_world_size_that_cannot_share_the_batch_is_refused_before_any_process_starts(call):
     with pytest.raises(ValueError, match="positive divisor of the global batch"):
         call()
+
+
+def test_the_course_hook_casts_then_divides_as_pytorchs_hooks_do(monkeypatch):
+    """PyTorch's compression hooks compute ``buffer.to(dtype).div_(world_size)``; ours must too:
+    at N = 3 dividing first in FP32 and casting rounds differently from casting and dividing."""
+    sent = []
+
+    def all_reduce(message, group=None, async_op=False):
+        sent.append(message.clone())
+        future = torch.futures.Future()
+        future.set_result([message])
+        return type("Work", (), {"get_future": lambda self: future})()
+
+    monkeypatch.setattr(engines.dist, "get_world_size", lambda group=None: 3)
+    monkeypatch.setattr(engines.dist, "all_reduce", all_reduce)
+    buffer = torch.linspace(1, 2, 1000)
+    pytorch_order = buffer.to(torch.bfloat16).div_(3)
+    assert not torch.equal(pytorch_order, (buffer / 3).to(torch.bfloat16))  # the two orders differ here
+    state = engines.HookState()
+    engines._allreduce_in(state, buffer.clone(), torch.bfloat16).wait()
+    assert torch.equal(sent[0], pytorch_order) and sent[0].dtype == torch.bfloat16
+
+
+def test_split_batch_gradients_with_a_loss_scale_keeps_small_gradients_out_of_the_subnormals():
+    torch.set_num_threads(1)
+    signs = {}
+    for scale in (1.0, 2.0**19):
+        whole, mean = sharded_checkpoints.split_batch_gradients(torch.float16, scale=scale)
+        signs[scale] = int((whole.sign() * mean.sign() < 0).sum())
+    assert signs[1.0] > 0 and signs[2.0**19] == 0
+    with pytest.raises(ValueError, match="positive finite"):
+        sharded_checkpoints.split_batch_gradients(scale=0)
