@@ -238,10 +238,11 @@ def cross_entropy_fp32(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
     margin of 20.5 over 999 classes the loss is 1.2e-6, but ``Σ``, stored in FP32 just above 1,
     has a ``log`` of 8.3e-7, below half an ulp of 20.5 (9.5e-7), and it returns exactly 0 (an
     exact 1.2e-6 would have survived the addition). ``F.cross_entropy(logits.float(), targets)`` (``(z_t - m) - log Σ``)
-    keeps such losses only to an *absolute* error of order 1e-7 to 1e-6 (its ``Σ`` adds each small
-    term to a partial sum that already holds the 1, rounding at FP32's spacing there, 1.2e-7;
-    5e-8 to 7e-7 measured on a CPU at margins 12 to 20 over 999 classes), so the two agree only
-    to that; on CUDA, autocast runs ``cross_entropy`` and ``log_softmax`` in FP32. Taking ``log`` of
+    keeps such losses only to an *absolute* error of order 1e-7 to a few 1e-6: its ``Σ`` adds each
+    small term to a partial sum that already holds the 1, rounding at FP32's spacing there,
+    1.2e-7, and the 999 roundings add up, at random when the terms differ and all one way when
+    they are equal (on a CPU, margins 12 to 20 over 999 classes: 8e-8 to 9e-7 with N(0, 1) other
+    logits, up to 3.5e-6 with equal ones). The two agree only to that; on CUDA, autocast runs ``cross_entropy`` and ``log_softmax`` in FP32. Taking ``log`` of
     an FP16 softmax instead gives ``-inf`` for every probability below ``2**-25`` that rounded to
     zero, and an infinite loss.
     """

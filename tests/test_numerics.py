@@ -384,3 +384,16 @@ def test_accumulate_rejects_bad_input():
         sequential_sum(torch.tensor(1.0), "fp16")
     with pytest.raises(ValueError, match="no running sum"):
         accumulate(torch.ones(3), "fp16", method="pairwise", cumulative=True)
+
+
+def test_cross_entropy_fp32_docstring_bounds_f_cross_entropy_error_with_equal_other_logits():
+    """With the 999 other logits equal, every small term of F.cross_entropy's FP32 Σ rounds the
+    same way, and its absolute error passes 1e-6 (at margin 12 on a CPU: 3.5e-6). The docstring
+    must not promise less, and gives the largest error measured."""
+    logits = torch.zeros(1, 1000)
+    logits[0, 0] = 12.0
+    targets = torch.tensor([0])
+    error = abs(F.cross_entropy(logits, targets).item() - F.cross_entropy(logits.double(), targets).item())
+    doc = " ".join(cross_entropy_fp32.__doc__.split())
+    assert error > 1e-6 and "a few 1e-6" in doc
+    assert f"{error:.1e}".replace("e-0", "e-") in doc
