@@ -24,9 +24,12 @@ FP8_BITS = 8  # formats this narrow are used with a per-tensor scale, as FP8 tra
 # 2^14 times wider: the gradients of an "e4m3" report are measured in E5M2.
 GRADIENT_FORMAT = {"e4m3": "e5m2"}
 FINER_SCALING = ("needs finer scaling: after a per-tensor scale (amax mapped to the format's "
-                 "largest value) more than 1% of the non-zero gradient values still round to zero; "
-                 "give the modules named a scale per block (MXFP8: 32 values; 128 in DeepSeek-V3's "
-                 "recipe) or keep them in BF16")
+                 "largest value) more than 1% of the non-zero gradient values still round to zero. "
+                 "That counts values, not what they carry: where the flushed values hold a "
+                 "negligible share of their tensor's magnitude (the table's second underflow "
+                 "figure), the sums they enter hardly change; where they hold more than the "
+                 "format's own rounding error, give the modules named a scale per block (MXFP8: 32 "
+                 "values; 128 in DeepSeek-V3's recipe) or keep them in BF16")
 
 
 @dataclass
@@ -52,14 +55,16 @@ class PreflightReport:
             lines += ["", f"FP16 loss scale: none works ({self.loss_scale_reason})."]
         else:
             lo, hi = self.loss_scale
-            lines += ["", f"FP16 loss scale: from 2^{int(math.log2(lo))} to 2^{int(math.log2(hi))} "
-                          f"({self.loss_scale_reason})."]
-        header = " | ".join(f"{n} overflow | {n} underflow" for n in self.formats)
+            lines += ["", f"FP16 loss scale, a candidate range from this batch: from 2^{int(math.log2(lo))} "
+                          f"to 2^{int(math.log2(hi))} ({self.loss_scale_reason}). The top has no "
+                          f"headroom: other batches' larger gradients can overflow there, so start a "
+                          f"dynamic scaler there or take a static scale well below it."]
+        header = " | ".join(f"{n} overflow | {n} underflow (values / magnitude)" for n in self.formats)
         lines += ["", f"| module | tensor | max abs | {header} |",
                   "|---|---|---|" + "---|---|" * len(self.formats)]
         for row in self.rows:
-            cells = " | ".join(f"{row[n]['overflow']:.2%} | {row[n]['underflow']:.2%}"
-                               for n in self.formats)
+            cells = " | ".join(f"{row[n]['overflow']:.2%} | {row[n]['underflow']:.2%} / "
+                               f"{row[n]['underflow_mass']:.1e}" for n in self.formats)
             what = row["tensor"] if row["parameter"] is None else f"weight gradient ({row['parameter']})"
             lines.append(f"| {row['module']} | {what} | {row['max_abs']:.3g} | {cells} |")
         return "\n".join(lines)
@@ -111,16 +116,23 @@ def _to_fp32(value):
 
 def _format_shares(tensor: torch.Tensor, fmt) -> dict[str, float]:
     """Shares of ``tensor`` that overflow (of all its values) and underflow (of the non-zero
-    ones) in ``fmt``, as :func:`tensor_stats` counts them; formats of 8 bits or fewer after a
-    per-tensor scale that maps the largest magnitude to the format's largest value."""
+    ones) in ``fmt``, as :func:`tensor_stats` counts them, and ``underflow_mass``: the share of the
+    finite values' total magnitude (sum of ``|x|``) that the underflowing ones carry. Formats of 8
+    bits or fewer after a per-tensor scale that maps the largest magnitude to the format's largest
+    value."""
     finite = tensor[torch.isfinite(tensor)]
     amax = finite.abs().max().item() if finite.numel() else 0.0
     if fmt.bits <= FP8_BITS and amax > 0:
-        tensor = tensor * (fmt.max_value / amax)
+        tensor, finite = tensor * (fmt.max_value / amax), finite * (fmt.max_value / amax)
     stats = tensor_stats(tensor, fmt)
     nonzero = 1.0 - stats.zeros - stats.nonfinite / tensor.numel()
+    # Round to nearest, ties to even: exactly the magnitudes up to half the smallest subnormal become 0.
+    magnitudes = finite.double().abs()
+    flushed = magnitudes[(magnitudes > 0) & (magnitudes <= fmt.min_subnormal / 2)]
+    total = magnitudes.sum().item()
     return {"overflow": stats.overflow + stats.nonfinite / tensor.numel(),
-            "underflow": stats.flushed / nonzero if nonzero > 0 else 0.0}
+            "underflow": stats.flushed / nonzero if nonzero > 0 else 0.0,
+            "underflow_mass": flushed.sum().item() / total if total > 0 else 0.0}
 
 
 def _rng_states():
@@ -161,10 +173,12 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
       (the gradient of the loss with respect to that output); for every parameter a row with
       ``tensor="weight gradient"``, ``module`` its owner's name and ``parameter`` its full name
       (``None`` in the other rows). Every row has ``max_abs``, ``min_nonzero_abs`` and, per
-      format name, ``{"overflow": f, "underflow": g}``: ``f`` the share of the elements that
-      overflow when cast to the format (round to inf, or beyond its largest value where it has
-      no inf; as :func:`tensor_stats` counts), ``g`` the share of the non-zero elements that
-      round to zero. Formats of 8 bits or fewer (E4M3, E5M2, ...) are measured after a
+      format name, ``{"overflow": f, "underflow": g, "underflow_mass": m}``: ``f`` the share of
+      the elements that overflow when cast to the format (round to inf, or beyond its largest
+      value where it has no inf; as :func:`tensor_stats` counts), ``g`` the share of the non-zero
+      elements that round to zero, ``m`` the share of the tensor's total magnitude (sum of
+      ``|x|``) that those elements carry: many tiny values can be a large ``g`` and a negligible
+      ``m``, and a gradient that only enters sums (a module's output gradient) loses ``m``. Formats of 8 bits or fewer (E4M3, E5M2, ...) are measured after a
       per-tensor scale ``fmt.max_value / amax``, as FP8 training does, and for ``"e4m3"`` the
       gradient rows are measured in E5M2 (:data:`GRADIENT_FORMAT`), the gradient format of the
       per-tensor recipes. A module called several times contributes all its outputs; a tensor
@@ -172,7 +186,8 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
     - ``verdicts``: per format, ``"overflow"`` (some activation or gradient overflows at scale 1,
       or is already inf/NaN in FP32), else ``"needs loss scaling"`` (more than 1% of the non-zero
       gradient elements underflow; for the scaled 8-bit formats ``"needs finer scaling"``: the
-      per-tensor scale cannot serve the range of those gradients, see :data:`FINER_SCALING`),
+      per-tensor scale cannot serve the range of those gradients, see :data:`FINER_SCALING`; both
+      count values, and the rows' ``underflow_mass`` says what the lost values carried),
       else ``"ok"``. The verdicts assume activations and gradients stored in the format with the
       weights kept in FP32, and they judge *range*, not precision: a model that is "ok" in BF16
       may still lose accuracy to BF16's 8 significant bits.
@@ -326,10 +341,11 @@ def _fp16_loss_scale(rows, grad_values):
     if lo > hi:
         return None, (f"the gradients span more than FP16's range: lifting all but 1% of them above "
                       f"2^-25 (a scale of at least 2^{lo}) overflows the largest, {largest:.3g}")
-    lost = 100 * _format_shares(magnitudes * 2.0**(lo - 1), fp16)["underflow"]
+    below = _format_shares(magnitudes * 2.0**(lo - 1), fp16)
+    lost = 100 * below["underflow"]
     shown = next(f"{lost:.{d}f}%" for d in range(2, 17) if round(lost, d) > 1)  # never a "1.00%"
     return (2.0**lo, 2.0**hi), (
         f"at 2^{lo} at most 1% of the non-zero gradient elements (the modules' output gradients "
         f"and the weight gradients, on the batch given) round to zero in FP16 (at 2^{lo - 1}, "
-        f"{shown}); at 2^{hi} the largest gradient, {largest:.3g}, stays below 65520 (at "
-        f"2^{hi + 1} it overflows)")
+        f"{shown}, carrying {below['underflow_mass']:.1e} of the gradients' total magnitude); at "
+        f"2^{hi} the largest gradient, {largest:.3g}, stays below 65520 (at 2^{hi + 1} it overflows)")

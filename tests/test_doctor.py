@@ -918,3 +918,34 @@ def test_every_guide_anchor_is_a_label_in_the_book():
     assert {*CODES, "fsdp-fp16-without-sharded-scaler", "half-reduce", "unsynced-found-inf"} <= GUIDED
     missing = sorted(g for g in guides - {""} if g not in labels)
     assert not missing, f"no (label)= in book/ for {missing}"
+
+
+def test_skipped_steps_after_a_forward_overflow_blame_the_forward_pass_not_the_scale(device):
+    """The loss is already inf/NaN: the scaler's skips are a symptom, and the message must not say
+    that the *scaled* gradients overflowed (no loss scale fixes a forward overflow)."""
+    model = mlp(1, 8, device=device)
+    with torch.no_grad():
+        model[0].weight *= 1e6                       # FP16 activations overflow in the forward pass
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler(device.type)
+    report = watched(model, optimizer, scaler, amp_loop(model, optimizer, scaler, device, clip=None))
+    skips = [f for f in report.findings if f.code == "nonfinite" and "skipped" in f.message]
+    assert len(skips) == 1
+    assert "no loss scale fixes" in skips[0].message and "scaled gradients overflowed" not in skips[0].message
+
+
+def test_half_batchnorm_in_fp16_names_the_variance_overflow(device):
+    model = mlp(2, 8, device=device, extra=(nn.BatchNorm1d(8),)).half()
+    optimizer = MasterWeightOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3))
+    scaler = DynamicLossScaler(2.0**8)
+
+    def step(i):
+        x, y = batch(i, device)
+        optimizer.zero_grad()
+        scaler.scale(F.cross_entropy(model(x.half()).float(), y)).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    report = watched(model, optimizer, scaler, step)
+    found = [f for f in report.findings if f.code == "half-batchnorm"]
+    assert len(found) == 1 and "65504" in found[0].message and "inf" in found[0].message

@@ -98,7 +98,7 @@ def test_rows_cover_every_submodule_and_parameter():
     assert [r["parameter"] for r in weight_rows] == [n for n, _ in model.named_parameters()]
     assert all(r["module"] == r["parameter"].rpartition(".")[0] for r in weight_rows)
     for row in report.rows:
-        assert set(row["fp16"]) == set(row["e5m2"]) == {"overflow", "underflow"}
+        assert set(row["fp16"]) == set(row["e5m2"]) == {"overflow", "underflow", "underflow_mass"}
         assert 0 <= row["fp16"]["underflow"] <= 1 and row["max_abs"] >= 0
     relu = next(r for r in report.rows if r["module"] == "1" and r["tensor"] == "activation")
     assert relu["max_abs"] == pytest.approx(torch.relu(model[0](x)).max().item())
@@ -114,7 +114,7 @@ def test_fp8_is_measured_after_per_tensor_scaling():
     report = preflight(model, x, lambda out: out.sum(), formats=("e4m3",))
     activation = next(r for r in report.rows if r["tensor"] == "activation")
     assert round_to(torch.tensor(8e-9), "e4m3").item() == 0  # unscaled, it would all be lost
-    assert activation["e4m3"] == {"overflow": 0.0, "underflow": 0.0}
+    assert activation["e4m3"] == {"overflow": 0.0, "underflow": 0.0, "underflow_mass": 0.0}
 
 
 def test_the_model_and_the_random_state_are_left_exactly_as_they_were():
@@ -217,7 +217,7 @@ def test_the_loss_scale_range_agrees_with_the_verdict_at_both_edges(loss_scale, 
     assert fp16_verdict_at(model, x, y, loss_scale * lo / 2) == "needs loss scaling"  # underflow below
     assert fp16_verdict_at(model, x, y, loss_scale * hi * 2) == "overflow"            # overflow above
     assert f"from 2^{int(math.log2(lo))} to 2^{int(math.log2(hi))}" in report.to_markdown()
-    below = re.search(rf"\(at 2\^{int(math.log2(lo)) - 1}, ([0-9.]+)%\)", report.loss_scale_reason)
+    below = re.search(rf"\(at 2\^{int(math.log2(lo)) - 1}, ([0-9.]+)%, carrying", report.loss_scale_reason)
     assert below and float(below.group(1)) > 1  # the rejected scale is shown above 1%, never as 1.0%
 
 
@@ -262,3 +262,31 @@ def test_needs_finer_scaling_is_said_and_defined_where_a_per_tensor_scale_cannot
     report = preflight(mlp(), x, F.cross_entropy, y, formats=("e4m3",))
     assert report.verdicts["e4m3"] == "needs finer scaling" and "0" in report.culprits["e4m3"]
     assert "per-tensor scale" in report.to_markdown() and "per block" in report.to_markdown()
+
+
+def test_the_underflow_count_and_the_magnitude_it_carries_are_both_reported():
+    """Many tiny gradient values, a few large ones: most values flush in FP16, yet they carry almost
+    none of the gradient's magnitude; both numbers are reported, each against an independent count."""
+    model = nn.Sequential(nn.Linear(8, 8, bias=False))
+    with torch.no_grad():
+        model[0].weight.fill_(1.0)
+    x = torch.full((4, 8), 1e-9)
+    x[:, 0] = 1.0                                        # weight gradient: column 0 large, the rest 1e-9
+    report = preflight(model, x, lambda out: out.sum(), formats=("fp16",))
+    grad = next(r for r in report.rows if r["parameter"] == "0.weight")
+    exact = torch.full((8, 8), 4e-9)
+    exact[:, 0] = 4.0
+    flushed = round_to(exact, FP16) == 0
+    assert grad["fp16"]["underflow"] == pytest.approx(flushed.double().mean().item()) == 7 / 8
+    assert grad["fp16"]["underflow_mass"] == pytest.approx((exact[flushed].sum() / exact.sum()).item(), rel=1e-5)
+    assert grad["fp16"]["underflow_mass"] < 1e-8
+    assert f"87.50% / {grad['fp16']['underflow_mass']:.1e}" in report.to_markdown()
+
+
+def test_the_loss_scale_range_is_called_a_candidate_with_no_headroom_at_the_top():
+    model = mlp(nn.Linear(32, 32), nn.Tanh())
+    x, y = data()
+    report = preflight(model, x, lambda out, t: F.cross_entropy(out, t) * 2.0**-20, y, formats=("fp16",))
+    text = report.to_markdown()
+    assert "candidate range from this batch" in text and "no headroom" in text
+    assert "of the gradients' total magnitude" in report.loss_scale_reason

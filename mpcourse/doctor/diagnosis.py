@@ -91,17 +91,19 @@ def _nonfinite(seen, session):
                              f"{first['phase']}: {where}"))
     if seen.skipped or seen.scaled_overflows:
         every = seen.scaler_steps > 0 and seen.skipped == seen.scaler_steps
-        forward = ("after the forward pass had already produced inf/NaN (the error above)"
-                   if first is not None and first["phase"] == "forward"
-                   else "while the forward pass was finite")
         where = (f"first seen in the gradient of {seen.overflow_where}" if seen.overflow_where
                  else "in a parameter's gradient")
+        if first is not None and first["phase"] == "forward":
+            # The loss was already inf/NaN: the scale did not cause these gradients, and no scale fixes them.
+            cause = ("the gradients were inf/NaN because the forward pass already was (the error "
+                     "above), which no loss scale fixes: a falling scale is the symptom, not the cause")
+        else:
+            cause = (f"the scaled gradients overflowed ({where}) while the forward pass was finite"
+                     + ("" if every else ": normal while a dynamic scale settles"))
         found.append(finding(
             "nonfinite", "warning" if every else "info",
-            f"the scaler skipped {seen.skipped} of {seen.scaler_steps} steps: the scaled gradients "
-            f"overflowed ({where}) {forward}"
-            + (": no step was taken at all" if every else
-               "" if forward.startswith("after") else ": normal while a dynamic scale settles"),
+            f"the scaler skipped {seen.skipped} of {seen.scaler_steps} steps: {cause}"
+            + ("; no step was taken at all" if every else ""),
             f"backward: {seen.overflow_where or 'parameter gradients'}"))
     return found
 
@@ -135,8 +137,11 @@ def _eps_underflow(seen, session):
 
 def _half_batchnorm(seen, session):
     return [finding("half-batchnorm", "warning",
-                    f"BatchNorm's running mean and variance are kept in {NAMES[dtype]}: each "
-                    f"momentum update rounds, and the statistics used at evaluation drift", module)
+                    f"BatchNorm's running mean and variance are kept in {NAMES[dtype]}: "
+                    + ("a variance beyond FP16's largest value, 65504, becomes inf, and in eval mode "
+                       "every output of that channel collapses to its bias; smaller statistics "
+                       if dtype == torch.float16 else "the statistics ")
+                    + "round at every momentum update, and those used at evaluation drift", module)
             for module, dtype in seen.half_batchnorm.items()]
 
 
