@@ -344,13 +344,15 @@ def _check_steps(steps) -> None:
 # ---------------------------------------------------------------------------------------------
 # FSDP2 and its MixedPrecisionPolicy
 
-def transformer(seed: int = 0):
-    """The course's ``TinyTransformer`` (64 wide, 2 blocks), its weights drawn from ``seed``."""
+def transformer(seed: int = 0, **options):
+    """The course's ``TinyTransformer`` (64 wide, 2 blocks), its weights drawn from ``seed``;
+    ``options`` go to ``TinyTransformer`` (``softmax_dtype=torch.float32``: the softmax in FP32,
+    as CUDA autocast runs it), with the same weights whatever they choose."""
     from mpcourse.workloads import TinyTransformer
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return TinyTransformer()
+        return TinyTransformer(**options)
 
 
 def _check_world_sizes(*sizes, global_batch: int = 16) -> None:

@@ -181,3 +181,12 @@ def test_split_batch_gradients_with_a_loss_scale_keeps_small_gradients_out_of_th
     assert signs[1.0] > 0 and signs[2.0**19] == 0
     with pytest.raises(ValueError, match="positive finite"):
         sharded_checkpoints.split_batch_gradients(scale=0)
+
+
+def test_transformer_passes_options_and_keeps_the_weights():
+    """``engines.transformer(seed, softmax_dtype=...)``: the same weights as the default, with the
+    attention's softmax in FP32 (chapter 11b's activation-memory row as CUDA autocast would keep)."""
+    base, fp32_softmax = engines.transformer(0), engines.transformer(0, softmax_dtype=torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(base.state_dict().values(), fp32_softmax.state_dict().values()))
+    assert fp32_softmax.blocks[0].attention.softmax_dtype == torch.float32
+    assert base.blocks[0].attention.softmax_dtype is None
