@@ -308,7 +308,7 @@ def test_half_params_with_no_update_rounded_away_says_so_without_a_zero_share(de
     assert changed == moved > 0  # the independent count: every update moved its weight
     found = [f for f in session.report().findings if f.code == "half-params-without-masters"]
     assert found[0].severity == "warning"
-    assert f"none of its {moved} updates rounded away" in found[0].message
+    assert f"none of its {moved} updates was rounded away" in found[0].message
     assert "(0.0%)" not in found[0].message
 
 

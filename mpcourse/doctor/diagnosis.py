@@ -43,8 +43,9 @@ def _half_params(seen, session):
         # decaying learning rate, smaller gradients), and a count of 0% would read as all clear.
         evidence = (f"{rounded} of {updates} updates ({share:.1%}) rounded away, leaving the weight "
                     f"unchanged" if rounded else
-                    f"none of its {updates} updates rounded away in these steps, but one below half "
-                    f"the weight's spacing will, and the risk grows as the updates shrink")
+                    f"none of its {updates} updates was rounded away in these steps, but any update "
+                    f"below half its weight's spacing would be, and the risk grows as the updates "
+                    f"shrink")
         found.append(finding(
             "half-params-without-masters", "error" if share > STALL else "warning",
             f"the optimizer steps {formats} parameters directly, with no FP32 master copy: "
