@@ -42,23 +42,28 @@ class PreflightReport:
     loss_scale: tuple[float, float] | None
     loss_scale_reason: str
     formats: tuple[str, ...]
+    loss_scale_edges: tuple[str, str] | None = None  # why lo, why hi: the two halves of the reason
 
-    def to_markdown(self) -> str:
-        """The verdicts, the FP16 loss-scale range, and one table row per activation or gradient."""
+    def to_markdown(self, rows: bool = True, legend: bool = True) -> str:
+        """The verdicts, the FP16 loss-scale range, and (``rows=True``) one table row per activation
+        or gradient. ``legend=False`` leaves out the paragraph that explains "needs finer scaling"."""
         lines = ["| format | verdict | modules responsible |", "|---|---|---|"]
         for name, verdict in self.verdicts.items():
             shown = f"{name} (gradients in {GRADIENT_FORMAT[name]})" if name in GRADIENT_FORMAT else name
             lines.append(f"| {shown} | {verdict} | {', '.join(self.culprits[name]) or '-'} |")
-        if "needs finer scaling" in self.verdicts.values():
+        if legend and "needs finer scaling" in self.verdicts.values():
             lines += ["", FINER_SCALING[0].upper() + FINER_SCALING[1:] + "."]
         if self.loss_scale is None:
             lines += ["", f"FP16 loss scale: none works ({self.loss_scale_reason})."]
         else:
-            lo, hi = self.loss_scale
-            lines += ["", f"FP16 loss scale, a candidate range from this batch: from 2^{int(math.log2(lo))} "
-                          f"to 2^{int(math.log2(hi))} ({self.loss_scale_reason}). The top has no "
-                          f"headroom: other batches' larger gradients can overflow there, so start a "
-                          f"dynamic scaler there or take a static scale well below it."]
+            (lo, hi), (bottom, top) = self.loss_scale, self.loss_scale_edges
+            lines += ["", "| FP16 loss scale, a candidate range from this batch | why |", "|---|---|",
+                      f"| from 2^{int(math.log2(lo))} | {bottom} |",
+                      f"| to 2^{int(math.log2(hi))} | {top}. No headroom: other batches' larger gradients "
+                      f"can overflow there, so start a dynamic scaler there or take a static scale well "
+                      f"below it |"]
+        if not rows:
+            return "\n".join(lines)
         header = " | ".join(f"{n} overflow | {n} underflow (values / magnitude)" for n in self.formats)
         lines += ["", f"| module | tensor | max abs | {header} |",
                   "|---|---|---|" + "---|---|" * len(self.formats)]
@@ -300,12 +305,15 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
         else:
             verdicts[name], culprits[name] = "ok", []
 
-    loss_scale, reason = _fp16_loss_scale(rows, grad_values)
-    return PreflightReport(rows, verdicts, culprits, loss_scale, reason, tuple(fmts))
+    loss_scale, edges = _fp16_loss_scale(rows, grad_values)
+    reason = edges if isinstance(edges, str) else "; ".join(edges)
+    return PreflightReport(rows, verdicts, culprits, loss_scale, reason, tuple(fmts),
+                           None if isinstance(edges, str) else edges)
 
 
 def _fp16_loss_scale(rows, grad_values):
-    """(lo, hi) powers of two for FP16 loss scaling, or (None, reason); see :func:`preflight`."""
+    """((lo, hi), (why lo, why hi)) for FP16 loss scaling, powers of two, or (None, reason); see
+    :func:`preflight`."""
     fp16 = get_format("fp16")
     # Overflow as round_to counts it (from 65520 on): 65504 <= |x| < 65520 still rounds to 65504.
     forward = [r["module"] for r in rows if r["tensor"] == "activation"
@@ -345,7 +353,7 @@ def _fp16_loss_scale(rows, grad_values):
     lost = 100 * below["underflow"]
     shown = next(f"{lost:.{d}f}%" for d in range(2, 17) if round(lost, d) > 1)  # never a "1.00%"
     return (2.0**lo, 2.0**hi), (
-        f"at 2^{lo} at most 1% of the non-zero gradient elements (the modules' output gradients "
-        f"and the weight gradients, on the batch given) round to zero in FP16 (at 2^{lo - 1}, "
-        f"{shown}, carrying {below['underflow_mass']:.1e} of the gradients' total magnitude); at "
-        f"2^{hi} the largest gradient, {largest:.3g}, stays below 65520 (at 2^{hi + 1} it overflows)")
+        f"at 2^{lo} at most 1% of the non-zero gradient elements, the modules' output gradients "
+        f"and the weight gradients of the batch given, round to zero in FP16; at 2^{lo - 1}, "
+        f"{shown} do, carrying {below['underflow_mass']:.1e} of the gradients' total magnitude",
+        f"at 2^{hi} the largest gradient, {largest:.3g}, stays below 65520; at 2^{hi + 1} it overflows")

@@ -293,6 +293,25 @@ def test_the_rounded_away_share_matches_an_independent_count(lr, device):
     assert 0 < kept < moved and f"{kept} of {moved} updates" in found[0].message
 
 
+def test_half_params_with_no_update_rounded_away_says_so_without_a_zero_share(device):
+    """Large SGD updates on FP16 weights: none is rounded away, and the warning says so in words
+    (with the risk that remains), not as "0 of N updates (0.0%) rounded away"."""
+    model = mlp(2, 16, dtype=torch.float16, device=device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=10.0)
+    with doctor.watch(model, optimizer) as session:
+        x, y = batch(0, device, dtype=torch.float16)
+        F.cross_entropy(model(x).float(), y).backward()
+        moved = sum(int((p.grad != 0).sum()) for p in model.parameters())
+        before = [p.detach().clone() for p in model.parameters()]
+        optimizer.step()
+    changed = sum(int(((b != p) & (p.grad != 0)).sum()) for b, p in zip(before, model.parameters()))
+    assert changed == moved > 0  # the independent count: every update moved its weight
+    found = [f for f in session.report().findings if f.code == "half-params-without-masters"]
+    assert found[0].severity == "warning"
+    assert f"none of its {moved} updates was rounded away" in found[0].message
+    assert "(0.0%)" not in found[0].message
+
+
 def test_pure_bf16_adamw_stall_is_an_error(device):
     """Weights near 1 and lr=1e-4: every update is below half BF16's spacing (2**-8)."""
     model = mlp(1, 8, dtype=torch.bfloat16, device=device)

@@ -216,8 +216,9 @@ def test_the_loss_scale_range_agrees_with_the_verdict_at_both_edges(loss_scale, 
     assert fp16_verdict_at(model, x, y, loss_scale * hi) == "ok"
     assert fp16_verdict_at(model, x, y, loss_scale * lo / 2) == "needs loss scaling"  # underflow below
     assert fp16_verdict_at(model, x, y, loss_scale * hi * 2) == "overflow"            # overflow above
-    assert f"from 2^{int(math.log2(lo))} to 2^{int(math.log2(hi))}" in report.to_markdown()
-    below = re.search(rf"\(at 2\^{int(math.log2(lo)) - 1}, ([0-9.]+)%, carrying", report.loss_scale_reason)
+    assert f"| from 2^{int(math.log2(lo))} |" in report.to_markdown()
+    assert f"| to 2^{int(math.log2(hi))} |" in report.to_markdown()
+    below = re.search(rf"at 2\^{int(math.log2(lo)) - 1}, ([0-9.]+)% do, carrying", report.loss_scale_reason)
     assert below and float(below.group(1)) > 1  # the rejected scale is shown above 1%, never as 1.0%
 
 
@@ -288,5 +289,28 @@ def test_the_loss_scale_range_is_called_a_candidate_with_no_headroom_at_the_top(
     x, y = data()
     report = preflight(model, x, lambda out, t: F.cross_entropy(out, t) * 2.0**-20, y, formats=("fp16",))
     text = report.to_markdown()
-    assert "candidate range from this batch" in text and "no headroom" in text
+    assert "candidate range from this batch" in text and "no headroom" in text.lower()
     assert "of the gradients' total magnitude" in report.loss_scale_reason
+
+
+def test_the_summary_leaves_out_the_rows_and_the_legend_on_request_and_tabulates_the_range():
+    """The loss-scale range is a two-row table (each edge with its reason, no nested brackets);
+    rows=False stops before the per-tensor table, legend=False leaves out the finer-scaling paragraph."""
+    x, y = spread_input(2.0**-40)
+    report = preflight(mlp(), x, F.cross_entropy, y, formats=("fp16", "e4m3"))
+    full, summary = report.to_markdown(), report.to_markdown(rows=False)
+    assert full.startswith(summary) and "| module |" in full and "| module |" not in summary
+    assert "per block" in summary and "per block" not in report.to_markdown(rows=False, legend=False)
+    x, y = data()
+    report = preflight(mlp(nn.Linear(32, 32), nn.Tanh()), x, lambda out, t: F.cross_entropy(out, t) * 2.0**-20,
+                       y, formats=("fp16",))
+    lo, hi = report.loss_scale
+    summary = report.to_markdown(rows=False)
+    bottom, top = report.loss_scale_edges
+    assert f"| from 2^{int(math.log2(lo))} | {bottom} |" in summary
+    assert f"| to 2^{int(math.log2(hi))} | {top}. No headroom" in summary
+    for reason in (bottom, top):
+        depth = 0
+        for ch in reason:
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            assert depth <= 0, reason                # no parenthesis at all in either reason

@@ -39,11 +39,17 @@ def _half_params(seen, session):
         updates = sum(counts[1] for counts in params.values())
         share = rounded / updates if updates else 0.0
         formats = "/".join(sorted({NAMES[counts[2]] for counts in params.values()}))
+        # None rounded away yet is still a warning: the risk grows as the updates shrink (a
+        # decaying learning rate, smaller gradients), and a count of 0% would read as all clear.
+        evidence = (f"{rounded} of {updates} updates ({share:.1%}) rounded away, leaving the weight "
+                    f"unchanged" if rounded else
+                    f"none of its {updates} updates was rounded away in these steps, but any update "
+                    f"below half its weight's spacing would be, and the risk grows as the updates "
+                    f"shrink")
         found.append(finding(
             "half-params-without-masters", "error" if share > STALL else "warning",
             f"the optimizer steps {formats} parameters directly, with no FP32 master copy: "
-            f"{rounded} of {updates} updates ({share:.1%}) rounded away, leaving the weight "
-            f"unchanged", f"optimizer.{group}: {_names(list(params))}"))
+            f"{evidence}", f"optimizer.{group}: {_names(list(params))}"))
     return found
 
 
