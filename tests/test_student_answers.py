@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import fabricate, feedback, judge, notebooks, runs, withheld
+from grader import fabricate, feedback, judge, no_threads, notebooks, runs, withheld
 from grader.course import assignments
 from tests.shared import once_per_run, run_folder
 
@@ -259,13 +259,14 @@ def test_every_part_answered_by_a_library_call_withholds_it():
 
 @pytest.mark.parametrize("assignment", sorted({a for a, _ in THREADED}))
 def test_the_library_through_a_thread_started_before_the_tests_scores_nothing(assignment):
-    """The reference-calling answers, run by a thread the answer cell started before the tests: the
-    own-work watcher never sees them, and the library the sandbox imports lacks what they call, so
-    each such part stops (a part that stops scores 0: grader/judge.py) saying why."""
+    """The reference-calling answers, run by a thread the answer cell started before the tests:
+    the kernel refuses the thread (grader/no_threads.py), so each such part stops (a part that
+    stops scores 0: grader/judge.py) saying why; the library the sandbox imports lacks what they
+    call anyway."""
     answers = {gid: fabricate.in_a_thread(src) for gid, src in fabricate.submission_data(assignment).REFERENCE_CALLER.items()}
     student = jobs(assignment, answers, visible=False)[1]
     parts = {part for a, part in THREADED if a == assignment}
     student["parts"] = [p for p in student["parts"] if notebooks.part_of(p["test_id"]) in parts]
     record = runner(student, library(assignment))
     for part in parts:
-        assert "withheld while your work is graded" in (record[f"{part}_tests"]["stopped"] or ""), (part, record)
+        assert no_threads.THREADS_REFUSED in (record[f"{part}_tests"]["stopped"] or ""), (part, record)
