@@ -270,3 +270,29 @@ def test_the_library_through_a_thread_started_before_the_tests_scores_nothing(as
     record = runner(student, library(assignment))
     for part in parts:
         assert no_threads.THREADS_REFUSED in (record[f"{part}_tests"]["stopped"] or ""), (part, record)
+
+
+# Red team 45 (A4a, A12, and their process variants): answers that computed what their parts may
+# not call, in a thread started before the tests or in a child process, scored 10 of 10 on ex3 and
+# ex7. The kernel refuses both in the hidden-test run (grader/no_threads.py): each attacked part
+# stops saying why, and so does a part that needs what the stopped cell did not define (ex3's
+# Part 3 uses Part 2's classify); every other part keeps its grade.
+THREAD_ATTACKS = [
+    ("ex3_dynamic_range", "EX3_LIBRARY_IN_A_THREAD", {"p2": no_threads.THREADS_REFUSED, "p3": no_threads.THREADS_REFUSED,
+                                                      "p4": no_threads.THREADS_REFUSED}),
+    ("ex7_fp16_nan_hunt", "EX7_IN_A_THREAD", {"p1": no_threads.THREADS_REFUSED, "p4": no_threads.THREADS_REFUSED}),
+    ("ex7_fp16_nan_hunt", "EX7_IN_A_CHILD", {"p4": no_threads.PROCESSES_REFUSED}),
+]
+
+
+@pytest.mark.parametrize("assignment, attack, lost", THREAD_ATTACKS, ids=[a for _, a, _ in THREAD_ATTACKS])
+def test_threads_and_processes_started_by_an_answer_are_refused_and_cost_their_parts_only(assignment, attack, lost):
+    from grader import hostile_corpus
+    only = next(iter(lost)) if len(lost) == 1 else None  # one part: the others run the solutions
+    verdicts, _ = run(assignment, getattr(hostile_corpus, attack), only=only)
+    for test_id, verdict in verdicts.items():
+        part = notebooks.part_of(test_id)
+        if part in lost:
+            assert not verdict["passed"] and lost[part] in verdict["message"], (part, verdict)
+        else:
+            assert verdict["passed"], (part, verdict)
