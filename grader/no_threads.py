@@ -1,7 +1,7 @@
 """No threads and no processes in a part's hidden-test run, enforced by the kernel (issue 45).
-Runs where student code runs: grader/runs.py copies it, alone, beside grader/hidden_tests.py into
-the hidden-test sandbox, and each part's child calls `forbid()` after the set-up cell, before any
-answer cell. It imports nothing of `grader` or `mpcourse`.
+Runs student code (in a sandbox): grader/runs.py copies it beside grader/hidden_tests.py into the
+hidden-test sandbox, and each part's child calls `forbid()` after the set-up cell, before any
+answer cell runs in that process. It imports nothing of `grader` or `mpcourse`.
 
     problem() -> why this machine cannot forbid them, or None
     forbid()  -> from now on this process cannot start a thread or a process (RuntimeError if it
