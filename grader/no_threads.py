@@ -25,7 +25,11 @@ Python's own ways in (`threading`, `_thread`, `os.fork`, `subprocess`, `multipro
 also replaced by functions that raise with a message saying why ("threads cannot be started while
 your work is graded"): only for the message; code that restores them meets the kernel's refusal.
 The maths libraries start no thread of their own after it: `forbid` sets torch's intra-op and
-inter-op pools to one thread (the sandbox gives one CPU: grader/runs.py `threads`) before the filter.
+inter-op pools, OpenBLAS and OpenMP to one thread (the sandbox gives one CPU: grader/runs.py
+`threads`) before the filter, and `torch.set_num_threads(n)` keeps one thread after it (libgomp,
+asked for more, would end the process: an honest answer that asks for more threads must not lose
+its part). What still needs a thread or a process (torch.compile's compiler, a DataLoader's
+workers) fails with the message; no exercise asks for one.
 """
 import ctypes
 import errno
@@ -106,6 +110,22 @@ def _replace_python_ways_in() -> None:
         pass
     if hasattr(sys.modules.get("subprocess"), "_fork_exec"):
         sys.modules["subprocess"]._fork_exec = _posixsubprocess.fork_exec
+    torch = sys.modules.get("torch")
+    if torch is not None:  # an honest answer may ask torch for more threads: OpenMP would end the process
+        for name in ("set_num_threads", "set_num_interop_threads"):
+            setattr(torch, name, _one_thread_still(getattr(torch, name)))
+
+
+def _one_thread_still(original):
+    """torch.set_num_threads(n) as checked by torch, that keeps one thread: OpenMP, asked for more,
+    fails to start them and ends the process (`libgomp: Thread creation failed`)."""
+    def set_threads(count):
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            return original(count)  # torch's own error
+        return None
+    set_threads.__name__ = set_threads.__qualname__ = original.__name__
+    set_threads.__doc__ = original.__doc__
+    return set_threads
 
 
 # The thread-count setters of the BLAS and OpenMP libraries a process may have loaded (NumPy's
