@@ -3,6 +3,7 @@ sandbox: these answers are ours): the visible tests try the bad inputs the hidde
 failure message shows the real call and the exception expected, and a tolerance fits the task."""
 import ast
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -296,3 +297,20 @@ def test_threads_and_processes_started_by_an_answer_are_refused_and_cost_their_p
             assert not verdict["passed"] and lost[part] in verdict["message"], (part, verdict)
         else:
             assert verdict["passed"], (part, verdict)
+
+
+@pytest.mark.parametrize("stub", ["def problem():\n    return 'no seccomp here'\n",
+                                  "def problem():\n    return None\n\n\ndef forbid():\n    raise OSError('refused')\n"])
+def test_where_threads_cannot_be_forbidden_the_run_fails_instead_of_grading(tmp_path, stub):
+    """A machine or kernel where grader/no_threads.py cannot work: the hidden-test run exits with
+    the reason (a grader failure: the student is not graded, grader/schedule.py), no record."""
+    shutil.copy(ROOT / "grader" / "hidden_tests.py", tmp_path / "hidden_tests.py")
+    (tmp_path / "no_threads.py").write_text(stub)
+    student = jobs("ex4_softmax_stability", {}, visible=False)[1]
+    student["parts"] = student["parts"][:1]
+    result = subprocess.run([sys.executable, str(tmp_path / "hidden_tests.py"), "-"], input=json.dumps(student),
+                            capture_output=True, text=True, cwd=tempfile.gettempdir(),
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", **THREADS})
+    assert result.returncode != 0 and "RESULT" not in result.stdout
+    why = "no seccomp here" if "no seccomp" in stub else "threads could not be forbidden: OSError: refused"
+    assert f"grading refused: {why}" in result.stderr, result.stderr[-2000:]
