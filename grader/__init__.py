@@ -13,6 +13,7 @@ A submission's path, one way through the package, and the side each module is on
                    hidden-test runs, each in a sandbox of its own                  runs student code (in sandboxes)
     sandbox        the sandbox itself (bubblewrap, an unprivileged user, limits)   runs student code (confined)
     hidden_tests   the program run inside a hidden-test sandbox                    runs student code (in a sandbox)
+    no_threads     its parts start no thread, no process (seccomp)                 runs student code (in a sandbox)
     judge          each part decided from the two runs' records (data)             never runs student code
     gradebook      grades written as soon as known, exported; the secret           never runs student code
     schedule       a class, every core, shards: one student's path, in order       never runs student code
@@ -24,8 +25,8 @@ instructor reads), `fabricate`, `hostile_corpus` and `rehearsal` (fabricated sub
 corpus of attacks, `make grade-demo` and the tests' gradings), `__main__` (the command line); none
 of them runs student code. Each module's docstring says which side it is on.
 
-Of `grader`, only `hidden_tests.py` runs inside a sandbox, copied there alone (it imports nothing
-of `grader`, only `mpcourse`); a sandbox sees `mpcourse/`, never `grader/`. The package is not
+Of `grader`, only `hidden_tests.py` and `no_threads.py` run inside a sandbox, copied there alone
+(they import nothing else of `grader`, only `mpcourse`); a sandbox sees `mpcourse/`, never `grader/`. The package is not
 installed with `mpcourse` (pyproject.toml packages `mpcourse` only): students never get it.
 Nothing is imported here, so `nbgrader zip_collect --collector=grader.collect.CanvasCollector`
 loads only what it needs.

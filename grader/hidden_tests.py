@@ -1,6 +1,7 @@
 """Runs one student's hidden tests, or the instructor's reference solution under the same tests.
 Runs student code: the untrusted half of the grader, started by grader/runs.py inside a sandbox of
-its own, where it is copied alone (it imports nothing of `grader`, only `mpcourse`). It never
+its own, where it is copied alone with grader/no_threads.py (it imports nothing else of `grader`,
+only `mpcourse`). It never
 sees the student's notebook, only the job, on its stdin:
 
     {"secret": "...", "timeout": 60, "setup": "<the instructor's set-up cell>",
@@ -15,7 +16,10 @@ answer cells run as the notebook ran them: help lines (`name?`) are comments (gr
 `display` and `input` exist, and an answer cell that raises (a try-out line that used something
 of the notebook's outside the answer cells) does not stop the part: what it defined is tested,
 and the failure message names the cell. The tests' random generators start as the set-up cell
-left them, whatever the answer cells drew.
+left them, whatever the answer cells drew. After the set-up cell and before the first answer cell
+the child forbids itself threads and processes (grader/no_threads.py, a seccomp filter): the
+own-work watcher then sees every call the answer makes. If that cannot be done, the run fails (a
+grader failure: nobody is graded on a part that runs unguarded).
 
 The child decides nothing. `mpcourse.grading` runs in observing mode there: each check records
 what the answer did, as data (grader/judge.py compares those records with the reference's), and
@@ -40,6 +44,7 @@ import time
 import numpy  # noqa: F401
 import torch  # noqa: F401
 
+import no_threads  # beside this file (grader/runs.py copies both)
 from mpcourse import grading
 
 
@@ -72,8 +77,10 @@ def set_rng_state(state: tuple) -> None:
         torch.cuda.set_rng_state_all(state[3])
 
 
-def run_part(job: dict, part: dict, record_fd: int) -> None:
-    """In the child: run the answer cells and the part's tests observing, write the record, exit."""
+def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
+    """In the child: run the answer cells and the part's tests observing, write the record, exit.
+    `guard_fd`: where it says, before any answer cell, whether threads could be forbidden (then
+    closed: no answer cell can write there)."""
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
@@ -89,6 +96,7 @@ def run_part(job: dict, part: dict, record_fd: int) -> None:
         exec(compile(job["setup"], "<set-up cell>", "exec"), answers)
         answers.update(NOTEBOOK_HABITS)
         random_state = rng_state()  # as the set-up cell left it
+        forbid_threads(guard_fd)
         for cell_id, source in part["cells"]:
             try:
                 exec(compile(source, f"<your cell {cell_id}>", "exec"), answers)
@@ -111,6 +119,18 @@ def run_part(job: dict, part: dict, record_fd: int) -> None:
     os._exit(0)
 
 
+def forbid_threads(guard_fd: int) -> None:
+    """Forbid threads and processes (grader/no_threads.py); say on `guard_fd` if that failed, and
+    then end the child: its part is not run unguarded."""
+    try:
+        no_threads.forbid()
+    except BaseException as error:  # noqa: BLE001
+        os.write(guard_fd, f"threads could not be forbidden: {describe(error)}".encode()[:4000])
+        os._exit(0)
+    finally:
+        os.close(guard_fd)
+
+
 def end_the_others() -> None:
     """Kill every process of this sandbox but this one (its pid namespace holds nothing else of
     ours; bubblewrap's pid 1 is root's): what a part started in new sessions ends with the part,
@@ -127,14 +147,21 @@ def end_the_others() -> None:
 RECORD_BYTES = 64 * 2**20  # the most read of one part's record
 
 
+class GraderFailure(Exception):
+    """The run cannot grade (threads could not be forbidden): nobody's grade, the run fails."""
+
+
 def grade_part(job: dict, part: dict) -> dict:
     read_fd, write_fd = os.pipe()
+    guard_read, guard_write = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
+        os.close(guard_read)
         os.setpgid(0, 0)
-        run_part(job, part, write_fd)
+        run_part(job, part, write_fd, guard_write)
     os.close(write_fd)
+    os.close(guard_write)
     deadline, chunks, size = time.monotonic() + 4 * job["timeout"], [], 0
     while size <= RECORD_BYTES:
         ready, _, _ = select.select([read_fd], [], [], max(0.0, deadline - time.monotonic()))
@@ -151,6 +178,14 @@ def grade_part(job: dict, part: dict) -> dict:
             pass
     _, status = os.waitpid(pid, 0)
     os.close(read_fd)
+    os.set_blocking(guard_read, False)
+    try:
+        guard = os.read(guard_read, 4096)  # written (if at all) and closed before any answer cell ran
+    except BlockingIOError:  # held open by something the set-up cell started: nothing was written
+        guard = b""
+    os.close(guard_read)
+    if guard:
+        raise GraderFailure(guard.decode(errors="replace"))
     if job.get("sandboxed"):
         end_the_others()
     try:
@@ -171,7 +206,13 @@ def main() -> None:
     # Not dumpable: the children cannot open this process's stdout or memory through /proc.
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
     job = json.load(sys.stdin)  # over a pipe: no file to read the hidden tests or the seed from
-    results = {part["test_id"]: grade_part(job, part) for part in job["parts"]}
+    why = no_threads.problem()
+    if why:
+        sys.exit(f"grading refused: {why}")
+    try:
+        results = {part["test_id"]: grade_part(job, part) for part in job["parts"]}
+    except GraderFailure as error:
+        sys.exit(f"grading refused: {error}")
     print("RESULT " + json.dumps(results), flush=True)
 
 

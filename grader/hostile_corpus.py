@@ -145,13 +145,40 @@ TARGETED = {
 }
 # Issue 45: what the student's sandbox held that computes answers. The library's reference,
 # reached where the own-work watcher does not look: after rewriting the code objects of the
-# library's functions (once a documented limit), or through a thread started before the tests
-# (threading.setprofile never reaches it). Both score 0: the sandbox's library lacks the function.
-# The review flags still name the first for the instructor.
+# library's functions (once a documented limit): it scores 0, the sandbox's library lacks the
+# function; the review flags still name it for the instructor. And through a thread started before
+# the tests (threading.setprofile never reaches it) or a child process (no profiler of ours runs
+# there): the library's reference (Part 1), or the torch.softmax that Part 3 forbids (red team 45,
+# A3a: 3 of 3 through a thread). Each scores 0 on the part it attacks: the kernel refuses threads and
+# processes in the hidden-test run (grader/no_threads.py), with a message that says so.
 IN_A_THREAD = (
     "import concurrent.futures as _futures\n"
     "_pool = _futures.ThreadPoolExecutor(1)\n"
     "_pool.submit(int).result()  # the worker exists before the tests start watching\n")
+# The answer's function computed in a forked child, its result back through a pipe.
+IN_A_CHILD = (
+    "import os as _os, pickle as _pickle\n"
+    "\n\ndef _in_a_child(function, *args, **kwargs):\n"
+    "    read, write = _os.pipe()\n"
+    "    pid = _os.fork()\n"
+    "    if pid == 0:\n"
+    "        data = _pickle.dumps(function(*args, **kwargs))\n"
+    "        while data:\n"
+    "            data = data[_os.write(write, data):]\n"
+    "        _os._exit(0)\n"
+    "    _os.close(write)\n"
+    "    chunks = []\n"
+    "    while chunk := _os.read(read, 1 << 20):\n"
+    "        chunks.append(chunk)\n"
+    "    _os.close(read)\n"
+    "    _os.waitpid(pid, 0)\n"
+    "    return _pickle.loads(b''.join(chunks))\n")
+FORBIDDEN_SOFTMAX = (
+    "\n\ndef _softmax(x, dim):\n"
+    "    return torch.softmax(x.to(torch.float64 if x.dtype == torch.float64 else torch.float32), dim=dim).to(x.dtype)\n"
+    "\n\ndef stable_softmax(x, dim=-1):\n"
+    "    if not isinstance(x, torch.Tensor) or not x.is_floating_point():\n"
+    "        raise TypeError('a floating-point tensor, please')\n")
 TARGETED.update({
     "rewrites_library_code": {"p3_solution": (
         "from mpcourse import numerics as _numerics\n"
@@ -164,18 +191,78 @@ TARGETED.update({
             "import mpcourse.numerics as _numerics\n"
             "\n\ndef naive_softmax(x, dim=-1):\n"
             "    return _pool.submit(_numerics.naive_softmax, x, dim=dim).result()\n"),
-        "p3_solution": IN_A_THREAD + (
-            "import mpcourse.numerics as _numerics\n"
-            "\n\ndef stable_softmax(x, dim=-1):\n"
-            "    return _pool.submit(_numerics.stable_softmax, x, dim=dim).result()\n")},
+        "p3_solution": IN_A_THREAD + FORBIDDEN_SOFTMAX + "    return _pool.submit(_softmax, x, dim).result()\n"},
     # ex4 Part 2 asked for a function of the dtype alone: a table of the four answers got 3/3.
     "constant_table": {"p2_solution": (
         "def first_overflow(dtype, device='cpu', fn=None):\n"
         "    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:\n"
         "        raise TypeError('a floating-point dtype, please')\n"
         "    return {torch.float16: 11.09375, torch.bfloat16: 89.0, torch.float32: 88.72283935546875,\n"
-        "            torch.float64: 709.7827128933841}[dtype]\n")},
+        "            torch.float64: 709.7827128933841}[dtype]\n"),
+        # and Part 3's forbidden torch.softmax computed in a child process (red team 45)
+        "p3_solution": IN_A_CHILD + FORBIDDEN_SOFTMAX + "    return _in_a_child(_softmax, x, dim)\n"},
 })
+# Red team 45 on other exercises, graded without a sandbox by tests/test_student_answers.py (each
+# corpus student graded sandboxed costs eight runs): {cell: source}, the instructor's solutions
+# elsewhere, each scoring 0 on the parts of the cells it replaces. ex3 (A4a: 10 of 10, unflagged):
+# the course library that its parts may not call (`round_to`, the formats' limits), from a thread.
+EX3_LIBRARY_IN_A_THREAD = {
+    "p2_solution": IN_A_THREAD + (
+        "import sys as _sys\n"
+        "_formats = _sys.modules[round_to.__module__]  # the set-up cell imported round_to\n"
+        "\n\ndef classify(x, dtype):\n"
+        "    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:\n"
+        "        raise TypeError('classify takes a float32 tensor')\n"
+        "    if x.numel() == 0 or not bool(torch.isfinite(x).all()):\n"
+        "        raise ValueError('classify takes a non-empty tensor of finite values')\n"
+        "    stored = _pool.submit(_formats.round_to, x, str(dtype).removeprefix('torch.')).result().abs()\n"
+        "    overflow = ~torch.isfinite(stored)\n"
+        "    zero = stored == 0\n"
+        "    subnormal = (stored > 0) & (stored < torch.finfo(dtype).smallest_normal)\n"
+        "    normal = ~(zero | subnormal | overflow)\n"
+        "    return {kind: mask.double().mean().item() for kind, mask in\n"
+        "            (('zero', zero), ('subnormal', subnormal), ('normal', normal), ('overflow', overflow))}\n"),
+    "p4_solution": IN_A_THREAD + (
+        "import importlib as _importlib\n"
+        "_formats = _importlib.import_module('mp' + 'course.formats')\n"
+        "\n\ndef _edges(name):\n"
+        "    f = _formats.get_format(name)\n"
+        "    return f.min_subnormal / 2, f.min_normal - f.min_subnormal / 2, f.max_value + f.epsilon * 2.0 ** f.emax / 2\n"
+        "\n\ndef boundaries(dtype):\n"
+        "    return _pool.submit(_edges, str(dtype).removeprefix('torch.')).result()\n"),
+}
+# ex7 (A12: 10 of 10): Part 1 from the library's layer_outputs (not withheld), Part 4 with the
+# torch.softmax it forbids, both from a thread.
+EX7_IN_A_THREAD = {
+    "p1_solution": IN_A_THREAD + (
+        "import importlib as _importlib\n"
+        "_debugging = _importlib.import_module('mp' + 'course.debugging')\n"
+        "\n\ndef first_nonfinite(model, *inputs):\n"
+        "    if not isinstance(model, nn.Module):\n"
+        "        raise TypeError('an nn.Module, please')\n"
+        "    for label, output in _pool.submit(_debugging.layer_outputs, model, inputs).result().items():\n"
+        "        if not bool(torch.isfinite(output).all()):\n"
+        "            name = label.split('[')[0]\n"
+        "            return '' if name == _debugging.ROOT else name\n"
+        "    return None\n"),
+    "p4_solution": IN_A_THREAD + (
+        "\n\nclass StableSoftmax(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return _pool.submit(lambda: torch.softmax(x.float(), dim=-1).to(x.dtype)).result()\n"
+        "\n\ndef fix_for_fp16(model):\n"
+        "    if not isinstance(model, nn.Module):\n"
+        "        raise TypeError('an nn.Module, please')\n"
+        "    for parent in list(model.modules()):\n"
+        "        for name, child in list(parent.named_children()):\n"
+        "            if type(child).__name__ == 'NaiveSoftmax':\n"
+        "                setattr(parent, name, StableSoftmax())\n"
+        "    return model\n"),
+}
+# The same through child processes (the profiler is not there either): ex4 Part 3 is in TARGETED
+# (constant_table); ex7 Part 4 here.
+EX7_IN_A_CHILD = {"p4_solution": IN_A_CHILD + EX7_IN_A_THREAD["p4_solution"].removeprefix(IN_A_THREAD).replace(
+    "_pool.submit(lambda: torch.softmax(x.float(), dim=-1).to(x.dtype)).result()",
+    "_in_a_child(lambda: torch.softmax(x.float(), dim=-1).to(x.dtype))")}
 # Walks up the call stack into the tests' namespace and calls whatever function the tests defined
 # there (names built from strings: nothing to flag), preferring the ones that compute expected
 # values; the answers of FOOLS otherwise. Issue 45: ex8's `reference_divergence` and

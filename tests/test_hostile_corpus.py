@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import feedback, gradebook, hostile_corpus, notebooks, rehearsal, runs
+from grader import feedback, gradebook, hostile_corpus, no_threads, notebooks, rehearsal, runs
 from grader.course import nbgrader
 from tests.test_exercises import (HOSTILE, HOSTILE_TARGET, NO_SANDBOX, active_html, dangerous_addresses, fabricate,
                                   graded_outputs, needs_sandbox, points, source_cells, students_at_once)
@@ -96,13 +96,18 @@ def test_the_targeted_attacks_are_caught_for_the_reason_they_exist(graded_with_r
 @needs_sandbox
 def test_the_library_reached_around_the_watcher_is_not_there_and_still_flagged(graded_with_reports):
     """Issue 45: an answer that calls the library's reference after rewriting the library's code
-    objects (once a documented limit: the own-work check, made in its own process, was fooled), or
-    through a thread started before the tests, finds the function absent from the sandbox's
-    library; the review flags still name the first for the instructor."""
+    objects (once a documented limit: the own-work check, made in its own process, was fooled)
+    finds the function absent from the sandbox's library; the review flags still name it for the
+    instructor. One that computes with the library, or with the torch.softmax that Part 3 forbids,
+    in a thread started before the tests or in a child process (red team 45, A3a: 3 of 3) cannot
+    start either: the kernel refuses (grader/no_threads.py), and the message says so."""
     _, scores, reports = graded_with_reports
     messages = reports["hostile"].messages
-    for student, part in (("rewrites_library_code", "p3"), ("library_in_a_thread", "p1"), ("library_in_a_thread", "p3")):
-        assert "is withheld while your work is graded" in messages[student][f"{part}_tests"], (student, part)
+    assert "is withheld while your work is graded" in messages["rewrites_library_code"]["p3_tests"]
+    for student, part, why in (("library_in_a_thread", "p1", no_threads.THREADS_REFUSED),
+                               ("library_in_a_thread", "p3", no_threads.THREADS_REFUSED),
+                               ("constant_table", "p3", no_threads.PROCESSES_REFUSED)):
+        assert why in messages[student][f"{part}_tests"], (student, part)
     flags = reports["hostile"].flags["rewrites_library_code"]["p3"]
     assert "rewrites code objects" in flags and any("course library" in flag for flag in flags)
     assert "fn=exp(2 t)" in messages["constant_table"]["p2_tests"]  # a table has no answer for another fn

@@ -3,6 +3,7 @@ sandbox: these answers are ours): the visible tests try the bad inputs the hidde
 failure message shows the real call and the exception expected, and a tolerance fits the task."""
 import ast
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import fabricate, feedback, judge, notebooks, runs, withheld
+from grader import fabricate, feedback, judge, no_threads, notebooks, runs, withheld
 from grader.course import assignments
 from tests.shared import once_per_run, run_folder
 
@@ -259,13 +260,57 @@ def test_every_part_answered_by_a_library_call_withholds_it():
 
 @pytest.mark.parametrize("assignment", sorted({a for a, _ in THREADED}))
 def test_the_library_through_a_thread_started_before_the_tests_scores_nothing(assignment):
-    """The reference-calling answers, run by a thread the answer cell started before the tests: the
-    own-work watcher never sees them, and the library the sandbox imports lacks what they call, so
-    each such part stops (a part that stops scores 0: grader/judge.py) saying why."""
+    """The reference-calling answers, run by a thread the answer cell started before the tests:
+    the kernel refuses the thread (grader/no_threads.py), so each such part stops (a part that
+    stops scores 0: grader/judge.py) saying why; the library the sandbox imports lacks what they
+    call anyway."""
     answers = {gid: fabricate.in_a_thread(src) for gid, src in fabricate.submission_data(assignment).REFERENCE_CALLER.items()}
     student = jobs(assignment, answers, visible=False)[1]
     parts = {part for a, part in THREADED if a == assignment}
     student["parts"] = [p for p in student["parts"] if notebooks.part_of(p["test_id"]) in parts]
     record = runner(student, library(assignment))
     for part in parts:
-        assert "withheld while your work is graded" in (record[f"{part}_tests"]["stopped"] or ""), (part, record)
+        assert no_threads.THREADS_REFUSED in (record[f"{part}_tests"]["stopped"] or ""), (part, record)
+
+
+# Red team 45 (A4a, A12, and their process variants): answers that computed what their parts may
+# not call, in a thread started before the tests or in a child process, scored 10 of 10 on ex3 and
+# ex7. The kernel refuses both in the hidden-test run (grader/no_threads.py): each attacked part
+# stops saying why, and so does a part that needs what the stopped cell did not define (ex3's
+# Part 3 uses Part 2's classify); every other part keeps its grade.
+THREAD_ATTACKS = [
+    ("ex3_dynamic_range", "EX3_LIBRARY_IN_A_THREAD", {"p2": no_threads.THREADS_REFUSED, "p3": no_threads.THREADS_REFUSED,
+                                                      "p4": no_threads.THREADS_REFUSED}),
+    ("ex7_fp16_nan_hunt", "EX7_IN_A_THREAD", {"p1": no_threads.THREADS_REFUSED, "p4": no_threads.THREADS_REFUSED}),
+    ("ex7_fp16_nan_hunt", "EX7_IN_A_CHILD", {"p4": no_threads.PROCESSES_REFUSED}),
+]
+
+
+@pytest.mark.parametrize("assignment, attack, lost", THREAD_ATTACKS, ids=[a for _, a, _ in THREAD_ATTACKS])
+def test_threads_and_processes_started_by_an_answer_are_refused_and_cost_their_parts_only(assignment, attack, lost):
+    from grader import hostile_corpus
+    only = next(iter(lost)) if len(lost) == 1 else None  # one part: the others run the solutions
+    verdicts, _ = run(assignment, getattr(hostile_corpus, attack), only=only)
+    for test_id, verdict in verdicts.items():
+        part = notebooks.part_of(test_id)
+        if part in lost:
+            assert not verdict["passed"] and lost[part] in verdict["message"], (part, verdict)
+        else:
+            assert verdict["passed"], (part, verdict)
+
+
+@pytest.mark.parametrize("stub", ["def problem():\n    return 'no seccomp here'\n",
+                                  "def problem():\n    return None\n\n\ndef forbid():\n    raise OSError('refused')\n"])
+def test_where_threads_cannot_be_forbidden_the_run_fails_instead_of_grading(tmp_path, stub):
+    """A machine or kernel where grader/no_threads.py cannot work: the hidden-test run exits with
+    the reason (a grader failure: the student is not graded, grader/schedule.py), no record."""
+    shutil.copy(ROOT / "grader" / "hidden_tests.py", tmp_path / "hidden_tests.py")
+    (tmp_path / "no_threads.py").write_text(stub)
+    student = jobs("ex4_softmax_stability", {}, visible=False)[1]
+    student["parts"] = student["parts"][:1]
+    result = subprocess.run([sys.executable, str(tmp_path / "hidden_tests.py"), "-"], input=json.dumps(student),
+                            capture_output=True, text=True, cwd=tempfile.gettempdir(),
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", **THREADS})
+    assert result.returncode != 0 and "RESULT" not in result.stdout
+    why = "no seccomp here" if "no seccomp" in stub else "threads could not be forbidden: OSError: refused"
+    assert f"grading refused: {why}" in result.stderr, result.stderr[-2000:]
