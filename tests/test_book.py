@@ -51,6 +51,17 @@ def test_notebooks_are_committed_without_outputs(notebook):
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_cell_has_a_unique_id(notebook):
+    """nbformat 4.5 requires a cell id: a cell inserted by hand without one makes nbformat warn on
+    every read today, and is a validation error in its next versions."""
+    data = json.loads(notebook.read_text())
+    ids = [cell.get("id") for cell in data["cells"]]
+    assert (data["nbformat"], data["nbformat_minor"]) >= (4, 5), notebook.name
+    assert None not in ids, f"{notebook.name}: cell {ids.index(None)} has no id"
+    assert len(ids) == len(set(ids)), f"{notebook.name}: duplicated cell ids"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_first_code_cell_sets_up_colab_from_the_configured_repository(notebook):
     first = code_cells(notebook)[0]
     assert sync_colab_cells.TAG in first["metadata"].get("tags", []), (
