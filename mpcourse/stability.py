@@ -220,7 +220,8 @@ def saved_tensor_bytes(fn) -> tuple[object, int]:
 
 class SpikeDetector:
     """Flags a loss far above the recent ones: ``loss > mean + threshold · std`` of the last
-    ``window`` unflagged losses (nothing is flagged before ``window`` losses are seen).
+    ``window`` unflagged losses (no finite loss is flagged before ``window`` losses are seen; a
+    non-finite loss, inf or NaN, is flagged at once and never enters the window).
 
     Call ``is_spike(loss)`` with each step's loss *before* ``optimizer.step()``: a flagged step
     can then be skipped, or the run rewound to a checkpoint. Flagged losses do not enter the

@@ -304,3 +304,11 @@ def test_spike_runs_take_the_spike_out_of_one_moment_only():
     # m: the next update no longer points along the spike's
     cosine = lambda run: torch.nn.functional.cosine_similarity(run["updates"][22], plain["updates"][21], dim=0)
     assert cosine(plain) > 0.9 > 0.5 > cosine(out_of_m)
+
+
+def test_spike_detector_flags_a_non_finite_loss_at_once_as_documented():
+    # round 7, S2: the docstring said nothing is flagged before `window` losses; an inf or NaN is
+    detector = SpikeDetector()
+    assert detector.is_spike(float("nan")) and detector.is_spike(float("inf"))
+    assert detector.recent == []  # a non-finite loss never enters the window
+    assert "non-finite loss" in SpikeDetector.__doc__ and "no finite loss is flagged" in SpikeDetector.__doc__
