@@ -173,8 +173,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
       kept in ``softmax_dtype`` (FP32 by default), as fused attention kernels (FlashAttention)
       keep ``q kᵀ`` in FP32 registers. Rounding the logits to FP16 instead is where attention
       overflows: a logit of 65520 or more is ``inf``, and ``inf - inf`` in the softmax is NaN.
-      (Scaling before the product, as PyTorch's reference attention does, keeps an unscaled
-      ``q·k``, which is ``√d`` times larger, from ever being stored.)
+      (Scaling before the product, as SDPA's C++ math backend does, keeps an unscaled ``q·k``,
+      which is ``√d`` times larger, from ever being stored; the Python reference code in
+      ``F.scaled_dot_product_attention``'s documentation scales after the product.)
     - *softmax*: :func:`stable_softmax` on the logits, in ``softmax_dtype``.
     - *weights @ v*: the weights are rounded to ``v``'s dtype and multiplied by ``v`` there.
 
