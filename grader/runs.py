@@ -29,16 +29,14 @@ environment, RAM-backed /tmp the only writable place, limits on processes, memor
 wall-clock time (grader/sandbox.py).
 """
 import ast
-import functools
 import json
 import shutil
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 from grader import sandbox as sandboxing
-from grader.course import ROOT
+from grader.course import ROOT, generate_assignment
 from grader.notebooks import grade_id, json_data, parse_notebook, part_of, source_text, without_magics
 from grader.review_flags import PARSING  # one lock: ast.parse is not thread-safe in 3.11
 from grader.student_copy import CHECKS_WITH_EXPECTED, student_copy, without_expected  # noqa: F401
@@ -219,40 +217,6 @@ def template_course(course: Path, assignment: str, scratch: Path) -> Path:
     generate_assignment(template, assignment)
     shutil.rmtree(template / "exercises")
     return template
-
-
-def generate_assignment(course: Path, assignment: str) -> None:
-    """`nbgrader generate_assignment <assignment> --force` in `course`, in this process: nbgrader's own
-    code (its API), with the course's nbgrader_config.py, without a second Python importing nbgrader
-    and a third running `alembic heads` to stamp the new gradebook (`alembic_head`, once per process).
-    nbgrader changes the working directory while it converts (to `course`, then back): call it
-    before grading threads start. RuntimeError with nbgrader's log if it fails."""
-    from unittest import mock
-
-    import nbgrader.api
-    from nbgrader.apps import NbGraderAPI
-    from traitlets.config.loader import PyFileConfigLoader
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
-    config.CourseDirectory.root = str(course)
-    with GENERATING, mock.patch.object(nbgrader.api, "get_alembic_version", alembic_head):
-        result = NbGraderAPI(config=config).generate_assignment(assignment, force=True)
-    if not result["success"]:
-        raise RuntimeError(f"could not prepare the release of {assignment}:\n{result.get('log', '')[-2000:]}"
-                           f"{result.get('error', '')[-2000:]}")
-
-
-GENERATING = threading.Lock()  # one conversion at a time: nbgrader changes this process's directory
-
-
-@functools.cache
-def alembic_head() -> str:
-    """What nbgrader stamps a new gradebook with (nbgrader.api.get_alembic_version, which asks a
-    separate `alembic heads` process every time): the head of nbgrader's migrations, read here."""
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
-    from nbgrader.dbutil import _temp_alembic_ini
-    with _temp_alembic_ini("sqlite:////tmp/gradebook.db") as ini:
-        return ScriptDirectory.from_config(Config(ini)).get_current_head()
 
 
 # Runs in the sandbox: the release's course, the student's notebook under a neutral name, nbgrader;
