@@ -276,11 +276,15 @@ def grade_student(course, assignment, student, template, source, release, secret
             return None, ran, f"the instructor's reference solution fails its own tests: {error}", note, flags
 
 
+REFERENCE_BATCH = 64  # the most students' secrets in one reference run (its record stays well within a sandbox's output)
+
+
 def reference_records(folder: Path, source: dict, secrets: dict, timeout: int, sandbox: bool, workers: int,
                       progress: bool = False) -> dict:
     """{student: the reference's record on their secret, or None}: the reference solution run on
     every student's secret inputs before any student's runs, in `workers` sandboxed runs side by side
-    (runs.run_references), not one per student. A student whose batch failed as a whole gets None:
+    (runs.run_references; more, `workers` at a time, for more than REFERENCE_BATCH students each),
+    not one per student. A student whose batch failed as a whole gets None:
     their grading runs the reference on its own, as for one student, and its failure, if any, is
     theirs alone (not graded, the grader's failure). A reference that fails its own tests on one
     secret fails there only (judge.self_check: that student is not graded)."""
@@ -289,7 +293,8 @@ def reference_records(folder: Path, source: dict, secrets: dict, timeout: int, s
         job = hidden_test_job(source, source, "", timeout, reference=True)
     except (ValueError, SyntaxError):  # each student's grading says why
         return {}
-    chunks = [students[k::min(workers, len(students))] for k in range(min(workers, len(students)))]
+    count = max(min(workers, len(students)), -(-len(students) // REFERENCE_BATCH))
+    chunks = [students[k::count] for k in range(count)]
     folder.mkdir()
     if progress:
         print(f"the reference solution on {len(students)} students' secret inputs ({len(chunks)} run(s) side by side)",
@@ -302,7 +307,7 @@ def reference_records(folder: Path, source: dict, secrets: dict, timeout: int, s
             return None, repr(error)[:300]
 
     records = {}
-    pool = ThreadPoolExecutor(len(chunks))
+    pool = ThreadPoolExecutor(min(workers, len(chunks)))
     try:
         for chunk, (found, problem) in zip(chunks, pool.map(batch, range(len(chunks)), chunks)):
             if problem:

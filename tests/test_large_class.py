@@ -344,6 +344,10 @@ def test_one_reference_run_per_worker_and_a_failed_one_leaves_its_students_runs_
     three = {s: secrets[s] for s in ("ada", "cy", "dee")}
     assert schedule.reference_records(tmp_path / "one", source, three, 30, True, workers=1) == {
         s: {"record of": secret} for s, secret in three.items()} and len(batches) == 1
+    monkeypatch.setattr(schedule, "REFERENCE_BATCH", 2)  # a large class: batches of at most that many
+    batches.clear()
+    assert schedule.reference_records(tmp_path / "small", source, three, 30, True, workers=1) == {
+        s: {"record of": secret} for s, secret in three.items()} and sorted(map(len, batches)) == [1, 2]
 
     # grading one student: the batch's record, or (None) a reference run of their own, as before
     course = bare_course(tmp_path / "course", ["ada"])
