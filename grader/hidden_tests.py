@@ -7,8 +7,10 @@ sees the student's notebook, only the job, on its stdin:
      "parts": [{"test_id": "p1_tests", "cells": [["p1_solution", "<answer code>"], ...],
                 "names": ["naive_softmax", ...], "test": "<the part's test cell>"}, ...]}
 
-For each part it forks a child (numpy, torch and the checker are imported before any answer code
-and before the fork). The child runs the set-up cell twice, into two namespaces: the answer cells
+For each part it forks a child (numpy, torch, matplotlib.pyplot and the checker are imported
+before any answer code and before the fork). The reference's job may list `secrets` instead of one
+`secret` (grader/runs.py, run_references): each secret's parts then run, in turn, each in a child
+of its own, and the result is a list of records, one per secret. The child runs the set-up cell twice, into two namespaces: the answer cells
 run in one, the test cell in the other, which receives only the names the exercise asks for
 (`names`), so nothing an answer cell rebinds (`grading`, `torch`, ...) reaches the tests. The
 answer cells run as the notebook ran them: help lines (`name?`) are comments (grader/notebooks.py),
@@ -25,7 +27,8 @@ that of wall-clock time: a loaded machine does not fail an honest slow part) and
 record says so. Code written against this runner can write any record it likes: it still needs
 the right values on the secret inputs to match the reference's.
 
-Prints one line, RESULT {"p1_tests": {"observations": [...], "stopped": null}, ...}, and exits 0.
+Prints one line, RESULT {"p1_tests": {"observations": [...], "stopped": null}, ...} (a batch:
+RESULT [{"p1_tests": ...}, ...]), and exits 0.
 """
 import ctypes
 import json
