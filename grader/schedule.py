@@ -297,8 +297,8 @@ def reference_records(folder: Path, source: dict, secrets: dict, timeout: int, s
     chunks = [students[k::count] for k in range(count)]
     folder.mkdir()
     if progress:
-        print(f"the reference solution on {len(students)} students' secret inputs ({len(chunks)} run(s) side by side)",
-              file=sys.stderr, flush=True)
+        print(f"the reference solution on {len(students)} students' secret inputs: {len(chunks)} sandboxed run(s), "
+              f"{min(workers, len(chunks))} at a time", file=sys.stderr, flush=True)
 
     def batch(number, chunk):
         try:
