@@ -10,6 +10,8 @@ once per `--jobs` value, from an empty gradebook each time. Nothing about a stud
 assumed: every sandboxed run that `schedule.grade_student` makes is timed as it happens and sorted
 by what it runs (the feedback run, the hidden tests, anything else, such as a reference run), and
 the rest of a student's time is the set-up (reading, checking, writing the feedback notebook).
+The reference's runs for the whole class (schedule.reference_records, one per worker before the
+students' runs) are in the students per minute, not in any one student's steps.
 The machine's load average is printed before and after: on a shared machine, other work slows
 every figure. The figures extrapolate to a class: students / (students per minute).
 """

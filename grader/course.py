@@ -6,14 +6,17 @@ only to release assignments, register them and render feedback, never to execute
     assignments() -> ["ex1_precision_comparison", ...]
     release()                                       # `make exercises`: exercises/ from solutions/
     make_course(folder, names)                      # a scratch course with `names` released
+    generate_assignment(course, name)               # `nbgrader generate_assignment name --force`, in this process
 
 The repository root is the course directory of the course itself (nbgrader_config.py there);
 an instructor's private clone is one too.
 """
+import functools
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,9 +52,44 @@ def release() -> None:
 
 
 def make_course(course: Path, names: list[str]) -> None:
-    """A scratch course directory with the config and sources, and the assignments released."""
+    """A scratch course directory with the config and sources, and the assignments released (as
+    `nbgrader generate_assignment` releases them, in this process)."""
     course.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "nbgrader_config.py", course)
     for name in names:
         shutil.copytree(ROOT / "solutions" / name, course / "solutions" / name, dirs_exist_ok=True)
-        nbgrader(course, "generate_assignment", name, "--force")
+        generate_assignment(course, name)
+
+
+def generate_assignment(course: Path, assignment: str) -> None:
+    """`nbgrader generate_assignment <assignment> --force` in `course`, in this process: nbgrader's own
+    code (its API), with the course's nbgrader_config.py, without a second Python importing nbgrader
+    and a third running `alembic heads` to stamp the new gradebook (`alembic_head`, once per process).
+    nbgrader changes the working directory while it converts (to `course`, then back): call it
+    before grading threads start. RuntimeError with nbgrader's log if it fails."""
+    from unittest import mock
+
+    import nbgrader.api
+    from nbgrader.apps import NbGraderAPI
+    from traitlets.config.loader import PyFileConfigLoader
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+    config.CourseDirectory.root = str(course)
+    with GENERATING, mock.patch.object(nbgrader.api, "get_alembic_version", alembic_head):
+        result = NbGraderAPI(config=config).generate_assignment(assignment, force=True)
+    if not result["success"]:
+        raise RuntimeError(f"could not prepare the release of {assignment}:\n{result.get('log', '')[-2000:]}"
+                           f"{result.get('error', '')[-2000:]}")
+
+
+GENERATING = threading.Lock()  # one conversion at a time: nbgrader changes this process's directory
+
+
+@functools.cache
+def alembic_head() -> str:
+    """What nbgrader stamps a new gradebook with (nbgrader.api.get_alembic_version, which asks a
+    separate `alembic heads` process every time): the head of nbgrader's migrations, read here."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+    from nbgrader.dbutil import _temp_alembic_ini
+    with _temp_alembic_ini("sqlite:////tmp/gradebook.db") as ini:
+        return ScriptDirectory.from_config(Config(ini)).get_current_head()

@@ -8,8 +8,10 @@ sees the student's notebook, only the job, on its stdin:
      "parts": [{"test_id": "p1_tests", "cells": [["p1_solution", "<answer code>"], ...],
                 "names": ["naive_softmax", ...], "test": "<the part's test cell>"}, ...]}
 
-For each part it forks a child (numpy, torch and the checker are imported before any answer code
-and before the fork). The child runs the set-up cell twice, into two namespaces: the answer cells
+For each part it forks a child (numpy, torch, matplotlib.pyplot and the checker are imported
+before any answer code and before the fork). The reference's job may list `secrets` instead of one
+`secret` (grader/runs.py, run_references): each secret's parts then run, in turn, each in a child
+of its own, and the result is a list of records, one per secret. The child runs the set-up cell twice, into two namespaces: the answer cells
 run in one, the test cell in the other, which receives only the names the exercise asks for
 (`names`), so nothing an answer cell rebinds (`grading`, `torch`, ...) reaches the tests. The
 answer cells run as the notebook ran them: help lines (`name?`) are comments (grader/notebooks.py),
@@ -29,7 +31,8 @@ that of wall-clock time: a loaded machine does not fail an honest slow part) and
 record says so. Code written against this runner can write any record it likes: it still needs
 the right values on the secret inputs to match the reference's.
 
-Prints one line, RESULT {"p1_tests": {"observations": [...], "stopped": null}, ...}, and exits 0.
+Prints one line, RESULT {"p1_tests": {"observations": [...], "stopped": null}, ...} (a batch:
+RESULT [{"p1_tests": ...}, ...]), and exits 0.
 """
 import ctypes
 import json
@@ -45,6 +48,11 @@ import numpy  # noqa: F401
 import torch  # noqa: F401
 
 import no_threads  # beside this file (grader/runs.py copies both)
+try:  # every exercise's set-up cell imports it: once here, not once per part (~0.5 s each)
+    import matplotlib.pyplot  # noqa: F401
+except Exception:  # noqa: BLE001  the set-up cell's own import says what is wrong
+    pass
+
 from mpcourse import grading
 
 
@@ -202,6 +210,16 @@ def grade_part(job: dict, part: dict) -> dict:
     return {"observations": [], "stopped": f"the tests of this part {reason}"}
 
 
+def batched(job: dict) -> list:
+    """The reference's records for many secrets in one process (grader/runs.py, run_references):
+    [{test_id: record}, ...], one per secret of `job["secrets"]`, in their order. Each part of each
+    secret runs in a child forked from this process, which runs no code of the job itself: every
+    child starts from the state a fresh process gives the first (modules, random generators,
+    torch's default dtype and threads), so a secret's record is the one a run of its own gives."""
+    return [{part["test_id"]: grade_part({**job, "secret": secret}, part) for part in job["parts"]}
+            for secret in job["secrets"]]
+
+
 def main() -> None:
     # Not dumpable: the children cannot open this process's stdout or memory through /proc.
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
@@ -210,7 +228,10 @@ def main() -> None:
     if why:
         sys.exit(f"grading refused: {why}")
     try:
-        results = {part["test_id"]: grade_part(job, part) for part in job["parts"]}
+        if "secrets" in job:  # the reference's batch: each secret's parts as a job of their own (batched)
+            results = batched(job)
+        else:
+            results = {part["test_id"]: grade_part(job, part) for part in job["parts"]}
     except GraderFailure as error:
         sys.exit(f"grading refused: {error}")
     print("RESULT " + json.dumps(results), flush=True)

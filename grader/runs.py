@@ -5,6 +5,7 @@ job, starts the sandbox, and reads back what came out of it, as data.
     run_feedback(template, submission, release, assignment, timeout, sandbox, folder) -> (notebook as run or None, why not)
     hidden_test_job(source, submission, secret, timeout, reference=False) -> the job of grader/hidden_tests.py
     run_hidden_tests(folder, job, sandbox, timeout, library=None) -> (record of each part, None) or (None, why not)
+    run_references(folder, job, secrets, sandbox, timeout) -> ([record of each part, per secret], None) or (None, why not)
 
 1. The feedback run: the submitted notebook runs under nbgrader against the *release* (visible
    tests only), in a copy of a course that holds nothing but the release (`template_course`), so
@@ -17,7 +18,10 @@ job, starts the sandbox, and reads back what came out of it, as data.
    what the parts ask students to write (grader/withheld.py); the job goes in on its stdin, the
    record comes out on the result pipe.
 3. The reference run: the same tests, expected values kept, on the instructor's solution cells,
-   with the same secret.
+   with the same secret. The reference's code is the same for every student, only the secret
+   differs: one run computes the records of many students (`run_references`, each secret's parts
+   in children of their own), and grader/schedule.py makes one such run per worker before the
+   students' runs start.
 
 Every sandbox sees the system's /usr, the Python environment, the course library (`mpcourse/`
 only, never `grader/`; the student's hidden-test run, only its copy) and the files of its run, as an unprivileged user with a cleared
@@ -27,13 +31,12 @@ wall-clock time (grader/sandbox.py).
 import ast
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from grader import sandbox as sandboxing
-from grader.course import ENV, ROOT, nbgrader_command
+from grader.course import ROOT, generate_assignment
 from grader.notebooks import grade_id, json_data, parse_notebook, part_of, source_text, without_magics
 from grader.review_flags import PARSING  # one lock: ast.parse is not thread-safe in 3.11
 from grader.student_copy import CHECKS_WITH_EXPECTED, student_copy, without_expected  # noqa: F401
@@ -211,10 +214,7 @@ def template_course(course: Path, assignment: str, scratch: Path) -> Path:
     (template / "nbgrader_config.py").write_text("".join(line for line in config.splitlines(keepends=True)
                                                          if "HiddenTests" not in line))
     shutil.copytree(course / "exercises" / assignment, template / "solutions" / assignment)
-    result = subprocess.run(nbgrader_command("generate_assignment", assignment, "--force"), cwd=template,
-                            env=ENV, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"could not prepare the release of {assignment}:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+    generate_assignment(template, assignment)
     shutil.rmtree(template / "exercises")
     return template
 
@@ -267,8 +267,9 @@ def run_hidden_tests(folder: Path, job: dict, sandbox: bool, timeout: int,
     folder.mkdir()
     shutil.copy(HIDDEN_TESTS, folder / "hidden_tests.py")
     shutil.copy(HIDDEN_TESTS.with_name("no_threads.py"), folder / "no_threads.py")  # it imports it (issue 45)
+    parts = len(job["parts"]) * len(job.get("secrets") or [job["secret"]])  # a batch: every secret's parts
     run = run_sandboxed(["/bin/sh", "-c", 'exec env PYTHONHASHSEED=0 python "$GRADING/hidden_tests.py" - >&3 3>&-'], folder=folder,
-                        limits=hidden_test_limits(len(job["parts"]), timeout), sandbox=sandbox, library=library,
+                        limits=hidden_test_limits(parts, timeout), sandbox=sandbox, library=library,
                         stdin=json.dumps({**job, "sandboxed": sandbox}).encode())
     line = run.result.decode(errors="replace").strip().rsplit("\n", 1)[-1] if run.returncode == 0 else ""
     if not line.startswith("RESULT "):
@@ -277,3 +278,19 @@ def run_hidden_tests(folder: Path, job: dict, sandbox: bool, timeout: int,
         return json_data(line.removeprefix("RESULT ")), None
     except (ValueError, RecursionError):
         return None, "sent back a damaged record"
+
+
+def run_references(folder: Path, job: dict, secrets: list[str], sandbox: bool,
+                   timeout: int) -> tuple[list | None, str | None]:
+    """([the reference's record on each of `secrets`, in their order], None) from one run of
+    grader/hidden_tests.py in a sandbox of its own, or (None, why not). `job`: the reference's
+    (hidden_test_job(..., reference=True)). One process instead of one per student: each part of
+    each secret still runs in a child of its own, forked from a process that runs nothing of the
+    job, so each record is the one a run of that secret alone gives; the limits grow with the
+    secrets (hidden_test_limits of every secret's parts)."""
+    records, problem = run_hidden_tests(folder, {**job, "secrets": list(secrets)}, sandbox, timeout)
+    if problem:
+        return None, problem
+    if not (isinstance(records, list) and len(records) == len(secrets) and all(isinstance(r, dict) for r in records)):
+        return None, "sent back a damaged record"
+    return records, None

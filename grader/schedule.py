@@ -11,7 +11,10 @@ or holds a symbolic link is refused, with the reason), its answers flagged for r
 (grader/runs.py, each in a sandbox of its own; the student's imports the course library less what the
 parts ask students to write, grader/withheld.py), the judge (grader/judge.py: data, never code), then,
 in the scheduler's thread, the gradebook (grader/gradebook.py), which also writes the feedback
-notebook (grader/feedback.py).
+notebook (grader/feedback.py). The reference's runs come first, for every student at once: its
+code is the same for all, only the secret differs, so one sandboxed run per worker computes the
+records of many students (`reference_records`); a student whose batch failed gets a reference run
+of their own, as before.
 
 - Every core: `workers` students at a time (default `default_jobs()`: one per core, as many as
   memory holds), each sandbox held to one CPU (grader/sandbox.py) and its maths libraries to one
@@ -43,7 +46,7 @@ from grader.notebooks import (grade_id, normalised, read_notebook, read_submissi
 from grader.review_flags import review_flags
 from grader.withheld import declared, library_copy
 from grader.runs import (BrokenEnvironment, NoSandbox, environment_problem, hidden_test_job,  # noqa: F401
-                         run_feedback, run_hidden_tests, sandbox_problem, template_course)
+                         run_feedback, run_hidden_tests, run_references, sandbox_problem, template_course)
 
 # Memory set aside per student graded at once: `default_jobs` runs no more than memory holds. An
 # honest student's heaviest step, the feedback run (nbgrader and a kernel, each with torch), peaked
@@ -180,6 +183,8 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
         template = template_course(course, assignment, Path(scratch)) if students and runs else None
         secrets = {s: hashlib.sha256(f"{secret}:{assignment}:{s}".encode()).hexdigest() for s in students}
         began = time.monotonic()
+        references = reference_records(Path(scratch) / "references", source, secrets, timeout, sandbox, workers,
+                                       progress) if students else {}
         with ThreadPoolExecutor(workers) as pool, progress_bar(assignment, len(students), progress) as bar:
             started = {}
 
@@ -188,7 +193,7 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
                 try:
                     return grade_student(course, assignment, student, template, source, release,
                                          secrets[student], timeout, sandbox,
-                                         execute is True or student in (execute or ()))
+                                         execute is True or student in (execute or ()), references.get(student))
                 finally:
                     report.seconds[student] = time.monotonic() - started[student]
 
@@ -222,9 +227,12 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
     return report
 
 
-def grade_student(course, assignment, student, template, source, release, secret, timeout, sandbox, execute):
+def grade_student(course, assignment, student, template, source, release, secret, timeout, sandbox, execute,
+                  reference=None):
     """(verdicts or None, the notebook as run (or as submitted), problem, note, review flags) for one
-    student. The notebook as run comes from the sandbox: data to sanitise, nothing to trust."""
+    student. The notebook as run comes from the sandbox: data to sanitise, nothing to trust.
+    `reference`: the reference's record on this student's secret (reference_records), or None: the
+    reference then runs here, for this student alone."""
     try:
         submission = read_submission(course, student, assignment)
         renamed = renamed_note(submitted_name(course, student, assignment), assignment)
@@ -256,6 +264,9 @@ def grade_student(course, assignment, student, template, source, release, secret
         except (ValueError, SyntaxError) as error:
             return None, ran, f"the exercise's tests cannot be graded (fix them in solutions/): {error}", note, flags
         for who, job in jobs:
+            if who == "reference" and reference is not None:  # computed before the students' runs
+                records[who] = reference
+                continue
             records[who], problem = run_hidden_tests(Path(scratch) / who, job, sandbox, timeout, library[who])
             if problem:
                 return None, ran, f"the hidden-test runner ({who}) {problem}", note, flags
@@ -263,6 +274,54 @@ def grade_student(course, assignment, student, template, source, release, secret
             return judge.judge(records["reference"], records["student"]), ran, None, note, flags
         except judge.ReferenceProblem as error:
             return None, ran, f"the instructor's reference solution fails its own tests: {error}", note, flags
+
+
+REFERENCE_BATCH = 64  # the most students' secrets in one reference run (its record stays well within a sandbox's output)
+
+
+def reference_records(folder: Path, source: dict, secrets: dict, timeout: int, sandbox: bool, workers: int,
+                      progress: bool = False) -> dict:
+    """{student: the reference's record on their secret, or None}: the reference solution run on
+    every student's secret inputs before any student's runs, in `workers` sandboxed runs side by side
+    (runs.run_references; more, `workers` at a time, for more than REFERENCE_BATCH students each),
+    not one per student. A student whose batch failed as a whole gets None:
+    their grading runs the reference on its own, as for one student, and its failure, if any, is
+    theirs alone (not graded, the grader's failure). A reference that fails its own tests on one
+    secret fails there only (judge.self_check: that student is not graded)."""
+    students = list(secrets)
+    try:
+        job = hidden_test_job(source, source, "", timeout, reference=True)
+    except (ValueError, SyntaxError):  # each student's grading says why
+        return {}
+    count = max(min(workers, len(students)), -(-len(students) // REFERENCE_BATCH))
+    chunks = [students[k::count] for k in range(count)]
+    folder.mkdir()
+    if progress:
+        print(f"the reference solution on {len(students)} students' secret inputs: {len(chunks)} sandboxed run(s), "
+              f"{min(workers, len(chunks))} at a time", file=sys.stderr, flush=True)
+
+    def batch(number, chunk):
+        try:
+            return run_references(folder / str(number), job, [secrets[s] for s in chunk], sandbox, timeout)
+        except Exception as error:  # noqa: BLE001  the grader's failure: these students' own runs follow
+            return None, repr(error)[:300]
+
+    records = {}
+    pool = ThreadPoolExecutor(min(workers, len(chunks)))
+    try:
+        for chunk, (found, problem) in zip(chunks, pool.map(batch, range(len(chunks)), chunks)):
+            if problem:
+                print(f"NOTE: the reference run of {len(chunk)} students {problem}: each of them gets a reference "
+                      "run of their own", file=sys.stderr, flush=True)
+            records.update(zip(chunk, found or [None] * len(chunk)))
+    except KeyboardInterrupt:
+        sandboxing.STOP.set()  # end the sandboxes still running
+        pool.shutdown(wait=True, cancel_futures=True)
+        sandboxing.STOP.clear()
+        raise
+    finally:
+        pool.shutdown()
+    return records
 
 
 def failed(report: Report, student: str, why: str) -> None:

@@ -13,6 +13,8 @@ import html
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -283,9 +285,42 @@ def test_malformed_submissions_are_refused_clearly_not_with_a_crash(tmp_path):
 
 
 def test_the_template_course_holds_no_secret(tmp_path):
+    directory = os.getcwd()
     template = runs.template_course(ROOT, ASSIGNMENTS[0], tmp_path)  # what each feedback sandbox gets
+    assert os.getcwd() == directory  # nbgrader's change of directory was undone
     assert "HiddenTests" not in (template / "nbgrader_config.py").read_text()
     assert "HiddenTests" in (ROOT / "nbgrader_config.py").read_text()
+    # Issue 52: made in the grader's process, it is what the nbgrader command makes, file for file
+    # and row for row (the gradebook's random ids aside)
+    from grader.course import ENV, nbgrader_command
+    made = tmp_path / "by the command"
+    made.mkdir()
+    shutil.copy(template / "nbgrader_config.py", made)
+    shutil.copytree(template / "solutions", made / "solutions")
+    result = subprocess.run(nbgrader_command("generate_assignment", ASSIGNMENTS[0], "--force"), cwd=made, env=ENV,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    shutil.rmtree(made / "exercises")
+    files = [sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) for folder in (template, made)]
+    assert files[0] == files[1] and "gradebook.db" in files[0]
+    for name in files[0]:
+        if not (template / name).is_dir() and name != "gradebook.db":
+            assert (template / name).read_bytes() == (made / name).read_bytes(), name
+    assert gradebook_rows(template / "gradebook.db") == gradebook_rows(made / "gradebook.db")
+
+
+def gradebook_rows(path: Path) -> dict:
+    """{table: sorted rows} of an SQLite gradebook, each random id replaced by the name of what it is."""
+    import sqlite3
+    with sqlite3.connect(path) as db:
+        tables = {}
+        for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+            columns = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+            tables[table] = [dict(zip(columns, row)) for row in db.execute(f"SELECT * FROM {table}")]
+    names = {row["id"]: f"{table}:{row['name']}" for table, rows in tables.items() for row in rows
+             if "id" in row and "name" in row}
+    return {table: sorted(json.dumps({k: names.get(v, v) for k, v in row.items()}, sort_keys=True) for row in rows)
+            for table, rows in tables.items()}
 
 
 # --- issue 31: what a sandbox shows, what it may use, what comes back ------------------------

@@ -99,7 +99,8 @@ class StandIn:
     def __init__(self, release: dict, dies=(), wait=lambda student: None):
         self.release, self.dies, self.wait, self.calls, self.lock = release, set(dies), wait, [], threading.Lock()
 
-    def __call__(self, course, assignment, student, template, source, release, secret, timeout, sandbox, execute):
+    def __call__(self, course, assignment, student, template, source, release, secret, timeout, sandbox, execute,
+                 reference=None):
         with self.lock:
             self.calls.append((student, execute))
         self.wait(student)
@@ -124,6 +125,7 @@ def test_grades_are_written_once_as_known_and_a_rerun_grades_only_who_has_none(t
     for name in ("sandbox_problem", "environment_problem"):
         monkeypatch.setattr(schedule, name, lambda *args: None)
     monkeypatch.setattr(schedule, "template_course", lambda course, assignment, scratch: scratch)
+    monkeypatch.setattr(schedule, "reference_records", lambda *args: {})  # the stand-in needs none
     written, recorded = [], {s: threading.Event() for s in STUDENTS}
     real_record = schedule.record
 
@@ -303,3 +305,79 @@ def test_tests_that_would_leave_a_reference_computation_to_students_stop_grading
     monkeypatch.setattr(schedule, "grade_student", lambda *args: pytest.fail("a student was graded"))
     with pytest.raises(ValueError, match=r"cannot be graded .*p4_tests: line \d+: expected_fractions, defined in the test cell"):
         schedule.grade(course, ASSIGNMENT, workers=1)
+
+
+# --- issue 52: the reference's records, computed for the class before the students' runs -------
+
+def bare_course(course: Path, students) -> Path:
+    """Only what grading one student reads: the source, the release, each student's notebook (the
+    release, unanswered)."""
+    for folder in ("solutions", "exercises", *(f"submitted/{s}" for s in students)):
+        (course / folder / ASSIGNMENT).mkdir(parents=True)
+    for folder in ("solutions", "exercises"):
+        (course / folder / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").write_text(
+            (ROOT / folder / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text())
+    for student in students:
+        (course / "submitted" / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").write_text(
+            (ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text())
+    return course
+
+
+def test_one_reference_run_per_worker_and_a_failed_one_leaves_its_students_runs_of_their_own(tmp_path, monkeypatch):
+    source = notebooks.read_notebook(ROOT / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    secrets = {s: f"secret-of-{s}" for s in STUDENTS}
+    batches = []
+
+    def run_references(folder, job, chunk, sandbox, timeout):
+        batches.append(chunk)
+        assert job == runs.hidden_test_job(source, source, "", timeout, reference=True)  # the reference's, whoever
+        if "secret-of-bob" in chunk:
+            return None, "ran out of time"
+        return [{"record of": secret} for secret in chunk], None
+
+    monkeypatch.setattr(schedule, "run_references", run_references)
+    records = schedule.reference_records(tmp_path / "references", source, secrets, 30, True, workers=2)
+    assert sorted(map(sorted, batches)) == [["secret-of-ada", "secret-of-cy"], ["secret-of-bob", "secret-of-dee"]]
+    assert records == {"ada": {"record of": "secret-of-ada"}, "cy": {"record of": "secret-of-cy"},
+                       "bob": None, "dee": None}  # each record to its own student; bob's batch failed
+    batches.clear()
+    three = {s: secrets[s] for s in ("ada", "cy", "dee")}
+    assert schedule.reference_records(tmp_path / "one", source, three, 30, True, workers=1) == {
+        s: {"record of": secret} for s, secret in three.items()} and len(batches) == 1
+    monkeypatch.setattr(schedule, "REFERENCE_BATCH", 2)  # a large class: batches of at most that many
+    batches.clear()
+    assert schedule.reference_records(tmp_path / "small", source, three, 30, True, workers=1) == {
+        s: {"record of": secret} for s, secret in three.items()} and sorted(map(len, batches)) == [1, 2]
+
+    # grading one student: the batch's record, or (None) a reference run of their own, as before
+    course = bare_course(tmp_path / "course", ["ada"])
+    release = notebooks.read_notebook(course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    ran = []
+    passing = {t: {"observations": [{"check": "equal", "what": "x", "expected": 1, "actual": 1}], "stopped": None} for t in points()}
+    answers = {t: {"observations": [{"check": "equal", "actual": 1}], "stopped": None} for t in points()}
+
+    def run_hidden_tests(folder, job, sandbox, timeout, library=None):
+        ran.append(folder.name)
+        if folder.name == "reference":
+            assert job["secret"] == "secret-of-ada"
+            return reference_run, None
+        return answers, None
+
+    monkeypatch.setattr(schedule, "run_hidden_tests", run_hidden_tests)
+
+    def grade(reference):
+        ran.clear()
+        return schedule.grade_student(course, ASSIGNMENT, "ada", None, source, release, "secret-of-ada", 30, False,
+                                      False, reference)
+
+    reference_run = None
+    verdicts, _, problem, _, _ = grade(passing)
+    assert ran == ["student"] and problem is None and all(v["passed"] for v in verdicts.values())
+    reference_run = passing
+    verdicts, _, problem, _, _ = grade(None)
+    assert ran == ["reference", "student"] and problem is None and all(v["passed"] for v in verdicts.values())
+    # a reference that stopped on this student's secret: not graded, the instructor's problem
+    stopped = {**passing, "p2_tests": {"observations": [], "stopped": "RuntimeError: only on this secret"}}
+    verdicts, _, problem, _, _ = grade(stopped)
+    assert verdicts is None and "the instructor's reference solution fails its own tests" in problem
+    assert "only on this secret" in problem

@@ -314,3 +314,38 @@ def test_where_threads_cannot_be_forbidden_the_run_fails_instead_of_grading(tmp_
     assert result.returncode != 0 and "RESULT" not in result.stdout
     why = "no seccomp here" if "no seccomp" in stub else "threads could not be forbidden: OSError: refused"
     assert f"grading refused: {why}" in result.stderr, result.stderr[-2000:]
+
+
+# --- issue 52: one reference run for many students -------------------------------------------
+
+def test_one_reference_run_for_many_secrets_gives_each_the_record_of_a_run_of_its_own():
+    """grader/hidden_tests.py's batch (runs.run_references): the reference's records on several
+    secrets from one process are the records of one run per secret."""
+    job = jobs("ex2_loss_scaling", {}, visible=False)[0]
+    other = "another-test-secret"
+    batch = runner({**job, "secrets": [SECRET, other, SECRET]})
+    assert batch[0] == batch[2] == reference_record("ex2_loss_scaling", visible=False)
+    assert batch[1] == runner({**job, "secret": other})
+    assert batch[1] != batch[0]  # the secret inputs differ, and so do the expected values
+
+
+def test_a_secret_starts_from_a_fresh_state_and_its_failure_stays_its_own():
+    """What one secret's run changes (torch's default dtype and random generator, the library's
+    modules) does not reach the next secret's; a reference that fails on one secret fails there
+    only, and the judge says it is the reference's problem (that student is not graded)."""
+    test = ("draws = torch.rand(3)\n"
+            "grading.assert_close(draws, draws, what='the first draws')\n"
+            "fresh = torch.get_default_dtype() == torch.float32 and not hasattr(grading, 'touched')\n"
+            "grading.assert_close(float(fresh), 1.0, what='a fresh state')\n"
+            "torch.set_default_dtype(torch.float64)\ngrading.touched = True\ntorch.manual_seed(99)\n"
+            "if grading._secret == 'unlucky':\n    raise RuntimeError('only on this secret')\n")
+    job = {"secret": "", "timeout": 60, "setup": SETUP + "from mpcourse import grading\n",
+           "parts": [{"test_id": "p1_tests", "cells": [["p1_solution", "def f():\n    return 1\n"]],
+                      "names": [], "test": test}]}
+    first, unlucky, last = runner({**job, "secrets": ["lucky", "unlucky", "lucky-too"]})
+    assert first == last and first["p1_tests"]["stopped"] is None and len(first["p1_tests"]["observations"]) == 2
+    assert unlucky["p1_tests"]["observations"] == first["p1_tests"]["observations"]
+    assert unlucky["p1_tests"]["stopped"] == "RuntimeError: only on this secret"
+    assert judge.judge(first, first)["p1_tests"]["passed"]
+    with pytest.raises(judge.ReferenceProblem, match="only on this secret"):
+        judge.judge(unlucky, first)
