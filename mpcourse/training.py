@@ -537,11 +537,13 @@ def _select_cuda(profile: DeviceProfile, allow_fp8: bool) -> PrecisionChoice:
                                "cores are built for; NVFP4 (4-bit values) is the further step.")
             elif cap >= (12, 0):
                 recipe = CURRENT_SCALING
-                reasons.append("It has FP8 tensor cores (12.x: consumer Blackwell), and FP8 was asked "
+                reasons.append("It has FP8 tensor cores (12.x: consumer Blackwell; they have "
+                               "block-scaled FP8 instructions too), and FP8 was asked "
                                "for (allow_fp8=True): the linear layers run in FP8 with one scale per "
                                "tensor, computed from the tensor itself (current scaling; E4M3 "
                                "forward, E5M2 gradients). That is Transformer Engine's default on "
-                               "12.x (Float8CurrentScaling), where it does not run MXFP8 yet.")
+                               "12.x (Float8CurrentScaling): its MXFP8 does not support all matrix "
+                               "layouts there yet, a software limit, not a missing hardware feature.")
             else:
                 recipe = "hybrid"
                 block = (" A scale per block of 128 (DeepSeek-V3's recipe, Transformer Engine's "
