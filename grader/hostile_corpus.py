@@ -258,6 +258,18 @@ EX7_IN_A_THREAD = {
         "                setattr(parent, name, StableSoftmax())\n"
         "    return model\n"),
 }
+# The same library helpers called directly, no thread (the own-work watcher sees these calls):
+# ex7 withholds them from the sandbox's library (issue 45), so the call itself fails.
+EX7_LIBRARY_HELPERS = {
+    "p1_solution": EX7_IN_A_THREAD["p1_solution"].removeprefix(IN_A_THREAD).replace(
+        "_pool.submit(_debugging.layer_outputs, model, inputs).result()", "_debugging.layer_outputs(model, inputs)"),
+    "p4_solution": (
+        "import importlib as _importlib\n"
+        "_numerics = _importlib.import_module('mp' + 'course.numerics')\n"
+        + EX7_IN_A_THREAD["p4_solution"].removeprefix(IN_A_THREAD).replace(
+            "_pool.submit(lambda: torch.softmax(x.float(), dim=-1).to(x.dtype)).result()",
+            "_numerics.stable_softmax(x, dim=-1)")),
+}
 # The same through child processes (the profiler is not there either): ex4 Part 3 is in TARGETED
 # (constant_table); ex7 Part 4 here.
 EX7_IN_A_CHILD = {"p4_solution": IN_A_CHILD + EX7_IN_A_THREAD["p4_solution"].removeprefix(IN_A_THREAD).replace(

@@ -227,7 +227,7 @@ def test_calling_the_library_instead_of_implementing_scores_nothing_for_that_par
         if notebooks.part_of(gid) in copied:
             assert scores[assignment]["reference"][gid] == 0
             # the library's function is not there to call (issue 45), or, where no part withholds
-            # one (ex3: a rounding primitive), the own-work check names the call
+            # one, the own-work check names the call
             shown = " ".join(graded_outputs(workdir, assignment, "reference", assignment, gid).replace("\\n", " ").split())
             assert ("is withheld while your work is graded" in shown if withheld.declared(
                 fabricate.notebook(ROOT / "solutions", assignment)) else "calls the course library" in shown), shown

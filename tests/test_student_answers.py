@@ -240,8 +240,8 @@ def withheld_parts(assignment: str) -> dict[str, list[str]]:
 
 
 # Parts whose reference-calling answer (tests/submissions/) calls the library for a primitive that
-# torch's own casts equal, not for the part's answer; the visible tests use it themselves.
-NOT_AN_ANSWER = {("ex3_dynamic_range", "p2"): "mpcourse.formats.round_to, a rounding primitive"}
+# torch's own casts equal, not for the part's answer, so that the part cannot withhold it.
+NOT_AN_ANSWER: dict = {}  # (assignment, part): why; none since ex3 withholds round_to
 THREADED = [(a, notebooks.part_of(gid)) for a in assignments()
             for gid in fabricate.submission_data(a).REFERENCE_CALLER
             if (a, notebooks.part_of(gid)) not in NOT_AN_ANSWER]
@@ -297,6 +297,27 @@ def test_threads_and_processes_started_by_an_answer_are_refused_and_cost_their_p
             assert not verdict["passed"] and lost[part] in verdict["message"], (part, verdict)
         else:
             assert verdict["passed"], (part, verdict)
+
+
+def test_ex7_the_library_helpers_that_answer_its_parts_are_withheld_not_only_watched():
+    """Red team 45, A12 without the thread: ex7 Part 1 from the library's `layer_outputs`, Part 4's
+    softmax from its `stable_softmax` (modules found by strings). With the whole library, only the
+    own-work watcher stops them (a check in the student's process); in the sandbox's copy the
+    functions are absent, and each part stops at the call."""
+    from grader import hostile_corpus
+    student = jobs("ex7_fp16_nan_hunt", hostile_corpus.EX7_LIBRARY_HELPERS, visible=False)[1]
+    student["parts"] = [p for p in student["parts"] if p["test_id"] in ("p1_tests", "p4_tests")]
+    reference = {k: v for k, v in reference_record("ex7_fp16_nan_hunt", visible=False).items() if k in student_ids(student)}
+    watched = judge.judge(reference, runner(student))
+    withheld_copy = judge.judge(reference, runner(student, library("ex7_fp16_nan_hunt")))
+    for test_id in ("p1_tests", "p4_tests"):
+        assert not watched[test_id]["passed"] and "calls the course library" in watched[test_id]["message"], watched
+        assert not withheld_copy[test_id]["passed"], withheld_copy
+        assert "is withheld while your work is graded" in withheld_copy[test_id]["message"], withheld_copy
+
+
+def student_ids(job: dict) -> set[str]:
+    return {p["test_id"] for p in job["parts"]}
 
 
 @pytest.mark.parametrize("stub", ["def problem():\n    return 'no seccomp here'\n",
