@@ -52,3 +52,24 @@ def test_part_3_refuses_torchs_gradscaler_kernel_and_keeps_an_honest_answers_mar
     assert verdicts[solution]["passed"], verdicts[solution]["message"]
     refused = verdicts[solution[:update] + TORCH_KERNEL]
     assert not refused["passed"] and "torch._amp_update_scale_" in refused["message"], refused
+
+
+# Part 4's check and unscale done by torch's own GradScaler kernel (red team 45): forbidden too.
+TORCH_UNSCALE = '''    found = torch.zeros(1)
+    unscaled = [grad.float() for grad in grads16]
+    torch._amp_foreach_non_finite_check_and_unscale_(unscaled, found, torch.tensor(1.0 / scaler.scale))
+    found_inf = bool(found.item())
+    if not found_inf:
+        with torch.no_grad():
+            for master, g in zip(masters, unscaled):
+                master -= lr * g
+    scaler.update(found_inf)
+    return not found_inf
+'''
+
+
+def test_part_4_refuses_torchs_unscale_kernel():
+    solution = fabricate.solution_cells(EX)["p4_solution"]
+    start = solution.index("    found_inf = not all(")
+    verdict = judged(EX, {"p4_solution": solution[:start] + TORCH_UNSCALE}, only="p4")["p4_tests"]
+    assert not verdict["passed"] and "torch._amp_foreach_non_finite_check_and_unscale_" in verdict["message"], verdict
