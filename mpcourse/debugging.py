@@ -114,12 +114,12 @@ class NonFiniteReport:
                          f"was finite: the {_kind(s)} arose in the backward of {where}.")
         elif s.inf:
             lines.append("This module's backward produced it: a parameter's gradient sums over "
-                         "the batch, and often overflows before any activation gradient does.")
+                         "the batch, and can overflow while every activation gradient is finite.")
         else:  # NaN and no inf: an invalid operation, not an overflow
             lines.append("This module's backward produced it by an invalid operation, not an "
                          "overflow: 0 * inf, inf - inf or 0/0, such as the infinite derivative of "
-                         "a square root or a norm at 0 times a zero. NaN stays NaN at every loss "
-                         "scale.")
+                         "a square root at 0 (a hand-written norm; torch.linalg.vector_norm's "
+                         "gradient at 0 is 0) times a zero. NaN stays NaN at every loss scale.")
         return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ renders as a table (or a highlighted code block) in Jupyter and in the built boo
 """
 from __future__ import annotations
 
+import ast
 import inspect
 import math
 import textwrap
@@ -50,9 +51,27 @@ def markdown_table(rows, headers) -> Markdown:
     return Markdown("\n".join(lines))
 
 
-def show_source(obj) -> Markdown:
-    """The source code of a function, class or property, as a highlighted Python block."""
+def show_source(obj, docstring: bool = True) -> Markdown:
+    """The source code of a function, class or property, as a highlighted Python block.
+
+    ``docstring=False`` leaves out the docstring of ``obj`` itself (not those of nested
+    definitions), for a page where the code is shown next to a table that carries its numbers.
+    """
     if isinstance(obj, property):
         obj = obj.fget
     source = textwrap.dedent(inspect.getsource(obj)).rstrip()  # methods: drop the class indent
+    if not docstring:
+        source = _without_docstring(source)
     return Markdown(f"```python\n{source}\n```")
+
+
+def _without_docstring(source: str) -> str:
+    """``source`` (one def or class) without its own docstring, the first statement of its body."""
+    body = ast.parse(source).body[0].body
+    first = body[0]
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)):
+        return source
+    lines = source.splitlines()
+    del lines[first.lineno - 1:first.end_lineno]
+    return "\n".join(lines)
