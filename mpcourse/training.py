@@ -570,8 +570,9 @@ def _select_cuda(profile: DeviceProfile, allow_fp8: bool) -> PrecisionChoice:
     if cap >= (7, 0):
         reasons += ["No BF16 tensor cores (they start at 8.0, Ampere), but FP16 ones (7.0 Volta, "
                     "7.5 Turing).",
-                    f"FP16 autocast with dynamic loss scaling: in FP16, gradients below "
-                    f"2^{int(math.log2(FP16.min_subnormal)) - 1} round to zero and those below "
+                    f"FP16 autocast with dynamic loss scaling: in FP16, gradients at or below "
+                    f"2^{int(math.log2(FP16.min_subnormal)) - 1} round to zero (2^-25 itself is a "
+                    f"tie, rounded to the even neighbour 0) and those below "
                     f"2^{int(math.log2(FP16.min_normal))} keep fewer significant bits; the scaler "
                     f"lifts them."]
         return PrecisionChoice("fp16", tuple(reasons), profile, fallback="fp32")

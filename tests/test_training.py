@@ -274,7 +274,13 @@ def test_evaluating_does_not_change_an_fp8_run():
 
 def test_the_fp16_reason_puts_the_flush_at_half_the_smallest_subnormal():
     reason = select_precision(capability=(7, 5)).reasons[-1]
-    assert "below 2^-25 round to zero" in reason and "2^-14" in reason and "2^-24" not in reason
+    assert "at or below 2^-25 round to zero" in reason and "2^-14" in reason
+    assert "2^-24" not in reason
+    # the edge the sentence names: 2^-25 itself rounds to 0 (a tie, to the even neighbour), the
+    # next FP32 value above it rounds up to the smallest subnormal
+    edge = torch.tensor(2.0 ** -25)
+    assert edge.half().item() == 0.0
+    assert torch.nextafter(edge, torch.tensor(1.0)).half().item() == 2.0 ** -24
 
 
 @pytest.mark.parametrize("gpu,precision,tf32", [
