@@ -9,6 +9,7 @@ format; :mod:`mpcourse.doctor` watches a real training loop and says what is wro
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ class PreflightReport:
     loss_scale_reason: str
     formats: tuple[str, ...]
     loss_scale_edges: tuple[str, str] | None = None  # why lo, why hi: the two halves of the reason
+    carriers: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # see preflight
 
     def to_markdown(self, rows: bool = True, legend: bool = True) -> str:
         """The verdicts, the FP16 loss-scale range, and (``rows=True``) one table row per activation
@@ -50,7 +52,10 @@ class PreflightReport:
         lines = ["| format | verdict | modules responsible |", "|---|---|---|"]
         for name, verdict in self.verdicts.items():
             shown = f"{name} (gradients in {GRADIENT_FORMAT[name]})" if name in GRADIENT_FORMAT else name
-            lines.append(f"| {shown} | {verdict} | {', '.join(self.culprits[name]) or '-'} |")
+            named = ", ".join(self.culprits[name]) or "-"
+            if self.carriers.get(name):
+                named += f" (its overflow carried on by {', '.join(self.carriers[name])})"
+            lines.append(f"| {shown} | {verdict} | {named} |")
         if legend and "needs finer scaling" in self.verdicts.values():
             lines += ["", FINER_SCALING[0].upper() + FINER_SCALING[1:] + "."]
         if self.loss_scale is None:
@@ -196,7 +201,12 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
       else ``"ok"``. The verdicts assume activations and gradients stored in the format with the
       weights kept in FP32, and they judge *range*, not precision: a model that is "ok" in BF16
       may still lose accuracy to BF16's 8 significant bits.
-    - ``culprits``: per format, the modules responsible for its verdict (empty when "ok").
+    - ``culprits``: per format, the modules responsible for its verdict (empty when "ok"). For an
+      overflow in the forward pass, the modules whose output overflows although their inputs fit
+      the format (where the overflow starts; a container is named only if none of its submodules
+      is); ``carriers`` lists the other modules whose output overflows, which only pass it on
+      (the layers after the culprit, and the containers around it). Gradient overflows name every
+      module whose gradient overflows.
     - ``loss_scale``: for FP16, ``(lo, hi)``, powers of two: the loss scales ``s`` under which
       the gradients (output and weight gradients, each multiplied by ``s``) get the FP16 verdict
       "ok": none of them overflows, and at most 1% of the non-zero ones round to zero. ``lo`` is
@@ -228,10 +238,13 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
         copy_ = copy.deepcopy(model).float()
         for p in copy_.parameters():
             p.grad = None
-        activations, gradients = {}, {}
+        activations, gradients, input_max = {}, {}, {}
 
         def keep(name):
             def hook(module, args, output):
+                for _, tensor in _floating_tensors(args, "input"):   # inf/NaN inputs count as inf
+                    largest = tensor.detach().abs().max().nan_to_num(math.inf).item()
+                    input_max[name] = max(input_max.get(name, 0.0), largest)
                 for _, tensor in _floating_tensors(output, "output"):
                     activations.setdefault(name, []).append(tensor.detach().flatten())
                     if tensor.requires_grad:
@@ -286,11 +299,17 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
         rows.append(entry)
         grad_values.append(values)
 
-    verdicts, culprits = {}, {}
+    verdicts, culprits, carriers = {}, {}, {}
     for name, fmt in fmts.items():
         overflowing = [r["module"] for r in rows if r[name]["overflow"] > 0]
         if overflowing:
-            verdicts[name], culprits[name] = "overflow", list(dict.fromkeys(overflowing))
+            forward = [r["module"] for r in rows if r["tensor"] == "activation" and r[name]["overflow"] > 0]
+            starts = [m for m in forward if _fits(input_max.get(m, 0.0), fmt)]
+            starts = [m for m in starts if not any(o.startswith(m + ".") for o in starts)]  # no containers
+            backward = [m for m in overflowing if m not in forward]
+            verdicts[name] = "overflow"
+            culprits[name] = list(dict.fromkeys(starts + backward))
+            carriers[name] = [m for m in forward if m not in culprits[name]]
             continue
         grad_rows = [r for r in rows if r["tensor"] != "activation"]
         lost = kept = 0.0
@@ -308,7 +327,16 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
     loss_scale, edges = _fp16_loss_scale(rows, grad_values)
     reason = edges if isinstance(edges, str) else "; ".join(edges)
     return PreflightReport(rows, verdicts, culprits, loss_scale, reason, tuple(fmts),
-                           None if isinstance(edges, str) else edges)
+                           None if isinstance(edges, str) else edges, carriers)
+
+
+def _fits(largest: float, fmt) -> bool:
+    """Whether inputs whose largest magnitude is ``largest`` fit ``fmt``: finite after rounding to
+    it (16-bit formats), or finite at all (the 8-bit formats, which a per-tensor scale maps into
+    range)."""
+    if not math.isfinite(largest):
+        return False
+    return fmt.bits <= FP8_BITS or math.isfinite(round_to(largest, fmt))
 
 
 def _fp16_loss_scale(rows, grad_values):

@@ -38,6 +38,20 @@ def test_an_overflowing_layer_is_named_and_bf16_and_fp8_are_unaffected():
     assert report.loss_scale is None and "forward" in report.loss_scale_reason
 
 
+def test_an_overflow_is_blamed_where_it_starts_not_on_the_layers_and_containers_that_carry_it():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(16, 32), Amplify(1e5), nn.ReLU()),
+                          nn.Linear(32, 32), nn.Linear(32, 4))
+    x, y = data()
+    report = preflight(model, x, F.cross_entropy, y, formats=("fp16", "bf16"))
+    assert report.verdicts["fp16"] == "overflow"
+    assert report.culprits["fp16"] == ["0.1"]                  # the Amplify module alone
+    assert {"0", "0.2", "1"} <= set(report.carriers["fp16"])   # its container, the layers after it
+    assert "0.0" not in report.carriers["fp16"]                # the layer before it fits FP16
+    assert "carried on by 0, 0.2" in report.to_markdown(rows=False)
+    assert report.culprits["bf16"] == [] and report.carriers.get("bf16", []) == []
+
+
 class Peak(nn.Module):
     """Sets one output value to ``peak``: an activation at the edge of FP16's range."""
 
