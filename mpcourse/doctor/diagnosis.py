@@ -214,7 +214,7 @@ def _fsdp_fp16(seen, session):
         return []
     severity = "error"
     if not plain:
-        what = ("with no loss scaler: FP16 gradients below 2**-14 (6.1e-5) lose bits, those below "
+        what = ("with no loss scaler: FP16 gradients below 2**-14 (6.1e-5) lose bits, those at or below "
                 "2**-25 (3e-8) round to 0, and an overflow goes unchecked")
     elif _unsynced(seen, session):
         what = (f"with a plain {plain[0]}, not ShardedGradScaler: the ranks disagreed on an inf/NaN "
