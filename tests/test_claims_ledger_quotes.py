@@ -20,7 +20,7 @@ LEDGER = ROOT / "book" / "claims_ledger.ipynb"
 SEEDS = next((p / "shared" / "seeds" for p in ROOT.parents[:2] if (p / "shared" / "seeds").is_dir()),
              ROOT.parent / "shared" / "seeds")
 SOURCE_FILES = {"textbook": "000_", "lecture notes": "001_", "blog post": "002_", "theory page": "003_",
-                "NVIDIA guide": "004_"}
+                "NVIDIA guide": "004_", "NVIDIA guide digest": "004_"}
 PARAPHRASE = "(paraphrase)"  # a row that states a claim in its own words starts with this
 
 
