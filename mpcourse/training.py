@@ -542,8 +542,9 @@ def _select_cuda(profile: DeviceProfile, allow_fp8: bool) -> PrecisionChoice:
                                "for (allow_fp8=True): the linear layers run in FP8 with one scale per "
                                "tensor, computed from the tensor itself (current scaling; E4M3 "
                                "forward, E5M2 gradients). That is Transformer Engine's default on "
-                               "12.x (Float8CurrentScaling): its MXFP8 does not support all matrix "
-                               "layouts there yet, a software limit, not a missing hardware feature.")
+                               "12.x (Float8CurrentScaling): Transformer Engine reports that its MXFP8 is "
+                               "not supported for all matrix layouts on 12.0 and newer yet (its message "
+                               "through version 2.15 at least, which gives no reason).")
             else:
                 recipe = "hybrid"
                 block = (" A scale per block of 128 (DeepSeek-V3's recipe, Transformer Engine's "
