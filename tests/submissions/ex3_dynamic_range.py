@@ -4,7 +4,7 @@
 PARTIAL_PARTS = ["p1"]
 # A submission whose part K merely calls mpcourse's reference: it must score 0 on part K.
 # Keys are solution-cell grade_ids, values the full cell source the "student" typed.
-# This one classifies with the library's round_to (the OCP/IEEE conversion the tests use as their
+# This one classifies (and tabulates) with the library's round_to (the OCP/IEEE conversion the tests use as their
 # oracle), so its fractions are right; the work is not the student's.
 REFERENCE_CALLER = {"p2_solution": '''\
 from mpcourse.formats import round_to
@@ -23,4 +23,23 @@ def classify(x, dtype):
     normal = ~(zero | subnormal | overflow)
     return {kind: mask.double().mean().item() for kind, mask in
             (("zero", zero), ("subnormal", subnormal), ("normal", normal), ("overflow", overflow))}
+''',
+    # Part 3's table from the same call (its classify is Part 2's, so it cannot pass without round_to)
+    "p3_solution": '''\
+from mpcourse.formats import round_to
+
+
+def range_table(x, dtypes):
+    """classify's fractions plus "lost" and "max_error_normal", from the library's round_to."""
+    table = {}
+    for name, dtype in dtypes.items():
+        row = classify(x, dtype)
+        row["lost"] = row["zero"] + row["overflow"]
+        info = torch.finfo(dtype)
+        stored = round_to(x, str(dtype).removeprefix("torch.")).double()
+        normal_range = (x.abs() >= info.smallest_normal) & (x.abs() <= info.max)
+        error = (stored - x.double()).abs() / x.double().abs()
+        row["max_error_normal"] = error[normal_range].max().item() if bool(normal_range.any()) else 0.0
+        table[name] = row
+    return table
 '''}
