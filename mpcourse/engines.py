@@ -382,6 +382,36 @@ def lm_loss(model, x, y):
     return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
 
+def saved_for_backward(autocast: bool, *, world_size: int = 2, **options) -> dict:
+    """Bytes of the tensors autograd saves in one forward pass of :func:`transformer` on rank 0's
+    micro-batch (:func:`lm_rank_batch`), by kind: ``torch.float32``, ``torch.bfloat16``, and
+    ``"copies"``, autocast's BF16 copies of the weights (found by value, transposed or not). The
+    parameters themselves are not counted. ``autocast``: under CPU BF16 autocast; ``options`` go to
+    :func:`transformer` (``softmax_dtype=torch.float32``: the softmax in FP32, as on CUDA)."""
+    import contextlib
+
+    model, (x, y) = transformer(0, **options), lm_rank_batch(0, world_size)
+    weights = {p.data_ptr() for p in model.parameters()}
+    copies = [p.detach().bfloat16() for p in model.parameters()]
+    saved = {}
+
+    def is_copy(t):
+        return t.dtype == torch.bfloat16 and any(
+            (t.shape == c.shape and torch.equal(t, c)) or (t.shape == c.mT.shape and torch.equal(t, c.mT))
+            for c in copies if c.dim() == t.dim())
+
+    def keep(t):
+        if t.data_ptr() not in weights:
+            saved[t.data_ptr()] = ("copies" if is_copy(t) else t.dtype, t.untyped_storage().nbytes())
+        return t
+
+    context = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), context:
+        lm_loss(model, x, y)
+    return {kind: sum(b for d, b in saved.values() if d == kind)
+            for kind in (torch.float32, torch.bfloat16, "copies")}
+
+
 def shard(model, policy=None, *, norm_policy=None, root_policy=None,
           reshard_after_forward: bool = True):
     """Apply FSDP2 to a ``TinyTransformer``: each block, then the root (which holds the

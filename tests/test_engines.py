@@ -190,3 +190,11 @@ def test_transformer_passes_options_and_keeps_the_weights():
     assert all(torch.equal(a, b) for a, b in zip(base.state_dict().values(), fp32_softmax.state_dict().values()))
     assert fp32_softmax.blocks[0].attention.softmax_dtype == torch.float32
     assert base.blocks[0].attention.softmax_dtype is None
+
+
+def test_saved_for_backward_counts_autocast_weight_copies():
+    """FP32 saves no BF16 weight copies; CPU BF16 autocast saves some, and fewer bytes in all."""
+    fp32, amp = engines.saved_for_backward(False), engines.saved_for_backward(True)
+    assert fp32["copies"] == 0 and fp32[torch.bfloat16] == 0 and fp32[torch.float32] > 0
+    assert amp["copies"] > 0 and amp[torch.bfloat16] > 0
+    assert sum(amp.values()) < sum(fp32.values())
