@@ -66,6 +66,19 @@ def test_a_long_or_deeply_nested_formula_stays_as_its_tex():
     assert feedback_page.readable_maths("$\\sqrt{\\frac{a}{b}} \\approx 2^{-25}$") == "√(a/b) ≈ 2⁻²⁵"
 
 
+def test_code_spans_are_found_in_one_pass_and_still_keep_maths_as_written():
+    """A Markdown cell of backticks (red team 45 A08: 16,000 held the grader 99 s in a regex) is a
+    run with no closing run: no span, and the cell comes back as it was."""
+    assert feedback_page.code_spans("`" * 20_000) == []
+    assert feedback_page.readable_maths("`" * 20_000 + " $\\alpha$") == "`" * 20_000 + " α"
+    ragged = "".join("`" * k + "x" for k in range(1, 400))  # runs of every length, none closed
+    assert feedback_page.code_spans(ragged) == []
+    text = "`$x$` and ``a ` b`` then $\\alpha$ and ` a lone one"
+    spans = feedback_page.code_spans(text)
+    assert [text[a:b] for a, b in spans] == ["`$x$`", "``a ` b``"]
+    assert feedback_page.readable_maths(text) == "`$x$` and ``a ` b`` then α and ` a lone one"
+
+
 def test_a_feedback_notebook_that_cannot_be_built_is_no_grade_of_zero(monkeypatch):
     monkeypatch.setattr(schedule, "graded_students", lambda *args: {"deep"})
     shown = schedule.Report(scores={"deep": {"p1_tests": 10.0}})
