@@ -17,6 +17,9 @@ from grader.notebooks import grade_id, source_text
 
 IPYTHON_HELP = re.compile(r"[\w.]+\?\??")   # `naive_softmax?`: IPython's help, not Python
 PARSING = threading.Lock()      # CPython 3.11's ast.parse is not safe in two threads at once
+# An answer cell is parsed in the grader's own process only up to this length: a 4 MB cell of one
+# list took 2 GB to parse (red team 45 A02). No honest answer cell is near it.
+PARSED_CHARS = 200_000
 
 
 def _as_python(source: str) -> str:
@@ -36,6 +39,10 @@ SUSPECT_CALLS = {
     "setprofile": "switches profilers", "__import__": "imports by name", "exec": "runs code from text",
     "eval": "runs code from text",
     "dup2": "rewires file descriptors", "prctl": "changes process settings", "ptrace": "traces processes",
+    # a copy of a library module, imported under another name, escapes the own-work check, which
+    # knows the library by its files (red team 45 A05)
+    "import_module": "imports modules by name", "spec_from_file_location": "imports a module from a file",
+    "module_from_spec": "imports a module from a file", "reload": "reloads modules",
 }
 SUSPECT_NAMES = {
     "f_back": "reads the call stack", "f_locals": "reads the call stack", "f_globals": "reads the call stack",
@@ -47,7 +54,8 @@ SUSPECT_NAMES = {
     **dict.fromkeys(("threading", "_thread", "concurrent", "Thread", "ThreadPoolExecutor"),
                     "starts threads (one started before the tests runs unwatched by the checks of "
                     "forbidden calls and of own work)"),
-    "__module__": "finds modules through objects",
+    "__module__": "finds modules through objects", "__file__": "reads where a module's file is",
+    "importlib": "imports modules by name",
     "__builtins__": "changes built-ins", "builtins": "changes built-ins", "__class__": "changes an object's class",
     "__subclasses__": "walks the class tree", "__dict__": "reaches into objects' dictionaries",
     "mpcourse": ("uses the course library, whose reference implementations the own-work check watches "
@@ -55,7 +63,8 @@ SUSPECT_NAMES = {
 }
 SUSPECT_TEXT = {"/proc": "reads /proc", "/dev/fd": "reads file descriptors", "/sys": "reads /sys",
                 "gradebook": "mentions the gradebook", ".db": "mentions a database file", "sqlite": "opens databases",
-                "hidden_tests": "mentions the hidden-test runner", "RESULT": "mentions the runner's result line"}
+                "hidden_tests": "mentions the hidden-test runner", "RESULT": "mentions the runner's result line",
+                "sys.path": "changes where modules are imported from"}
 LIBRARIES = {"torch", "numpy", "np", "math", "builtins", "grading", "mpcourse", "sys", "os", "F", "nn"}
 
 
@@ -79,10 +88,13 @@ def review_flags(submission: dict) -> dict[str, list[str]]:
         text = source_text(cell)
         found = {why for needle, why in SUSPECT_TEXT.items() if needle in text}
         try:
+            if len(text) > PARSED_CHARS:
+                raise ValueError("too long")
             with PARSING:
                 tree = ast.parse(_as_python(text))
         except (SyntaxError, ValueError, RecursionError, MemoryError):
-            found.add("cannot be parsed")
+            found.add(f"is longer than {PARSED_CHARS:,} characters: not read here" if len(text) > PARSED_CHARS
+                      else "cannot be parsed")
             tree = ast.Module(body=[], type_ignores=[])
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):

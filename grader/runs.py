@@ -38,7 +38,7 @@ from pathlib import Path
 from grader import sandbox as sandboxing
 from grader.course import ROOT, generate_assignment
 from grader.notebooks import grade_id, json_data, parse_notebook, part_of, source_text, without_magics
-from grader.review_flags import PARSING  # one lock: ast.parse is not thread-safe in 3.11
+from grader.review_flags import PARSED_CHARS, PARSING  # one lock: ast.parse is not thread-safe in 3.11
 from grader.student_copy import CHECKS_WITH_EXPECTED, student_copy, without_expected  # noqa: F401
 from grader.withheld import declared
 
@@ -139,7 +139,10 @@ def environment_problem(sandbox: bool) -> str | None:
 
 
 def defined_names(source: str) -> set[str]:
-    """Top-level names a cell defines (nothing is executed: the source is only parsed)."""
+    """Top-level names a cell defines (nothing is executed: the source is only parsed; none for a
+    cell longer than PARSED_CHARS, which the grader's process does not parse)."""
+    if len(source) > PARSED_CHARS:
+        return set()
     try:
         with PARSING:
             tree = ast.parse(without_magics(source))
@@ -158,6 +161,8 @@ def defined_names(source: str) -> set[str]:
 
 
 def used_names(source: str) -> set[str]:
+    if len(source) > PARSED_CHARS:
+        return set()
     try:
         with PARSING:
             tree = ast.parse(without_magics(source))

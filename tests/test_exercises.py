@@ -529,6 +529,16 @@ def test_honest_solutions_are_not_flagged_and_runner_tricks_are(assignment):
     assert "assigns to an attribute of torch" in flags["p3"]
     assert any(why.startswith("starts threads") for why in flags["p3"])  # unseen by `forbidden=` (red team A3a)
     assert {"opens databases", "makes symbolic links", "reads /proc", "rewrites code objects"} <= set(flags["p4"])
+    # red team 45: a copy of a library module imported under another name (A05); a 4 MB cell (A02)
+    copy = ("import importlib, os, shutil, sys, tempfile\n_d = tempfile.mkdtemp()\n"
+            "shutil.copyfile(importlib.import_module('mp' + 'course.formats').__file__, os.path.join(_d, 'notes.py'))\n"
+            "sys.path.insert(0, _d)\nLIB = importlib.import_module('notes')\n")
+    bomb = "_notes = [" + "1," * 150_000 + "]\n"
+    flags = review_flags.review_flags(notebook_of({"p1_solution": copy, "p2_solution": bomb}))
+    assert {"imports modules by name", "reads where a module's file is",
+            "changes where modules are imported from"} <= set(flags["p1"])
+    assert flags["p2"] == [f"is longer than {review_flags.PARSED_CHARS:,} characters: not read here"]
+    assert runs.defined_names(bomb) == set() and runs.used_names(bomb) == set()  # not parsed either
 
 
 def test_without_cgroups_students_are_graded_one_at_a_time(monkeypatch, tmp_path):
