@@ -204,7 +204,8 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
     - ``culprits``: per format, the modules responsible for its verdict (empty when "ok"). For an
       overflow in the forward pass, the modules whose output overflows although their inputs fit
       the format (where the overflow starts; a container is named only if none of its submodules
-      is); ``carriers`` lists the other modules whose output overflows, which only pass it on
+      is; where the model's own input is already beyond the format, the first module whose output
+      overflows); ``carriers`` lists the other modules whose output overflows, which only pass it on
       (the layers after the culprit, and the containers around it). Gradient overflows name every
       module whose gradient overflows.
     - ``loss_scale``: for FP16, ``(lo, hi)``, powers of two: the loss scales ``s`` under which
@@ -306,6 +307,7 @@ def preflight(model: nn.Module, inputs, loss_fn, targets=None, *,
             forward = [r["module"] for r in rows if r["tensor"] == "activation" and r[name]["overflow"] > 0]
             starts = [m for m in forward if _fits(input_max.get(m, 0.0), fmt)]
             starts = [m for m in starts if not any(o.startswith(m + ".") for o in starts)]  # no containers
+            starts = starts or forward[:1]  # the model's own input is beyond the format: the first module
             backward = [m for m in overflowing if m not in forward]
             verdicts[name] = "overflow"
             culprits[name] = list(dict.fromkeys(starts + backward))

@@ -52,6 +52,17 @@ def test_an_overflow_is_blamed_where_it_starts_not_on_the_layers_and_containers_
     assert report.culprits["bf16"] == [] and report.carriers.get("bf16", []) == []
 
 
+def test_an_input_beyond_the_format_still_names_a_culprit():
+    """Every module's input overflows FP16 when the data itself does: the first module that
+    passes the overflow on is named, never an empty list beside an "overflow" verdict."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    x, y = data()
+    report = preflight(model, x * 1e6, F.cross_entropy, y, formats=("fp16",))
+    assert report.verdicts["fp16"] == "overflow"
+    assert report.culprits["fp16"][:1] == ["0"]
+
+
 class Peak(nn.Module):
     """Sets one output value to ``peak``: an activation at the edge of FP16's range."""
 
