@@ -569,8 +569,10 @@ def _select_cuda(profile: DeviceProfile, allow_fp8: bool) -> PrecisionChoice:
                            "(allow_fp8=True).")
         return PrecisionChoice("bf16", tuple(reasons), profile, tf32=True, fallback="fp32")
     if cap >= (7, 0):
-        reasons += ["No BF16 tensor cores (they start at 8.0, Ampere), but FP16 ones (7.0 Volta, "
-                    "7.5 Turing).",
+        reasons += ["No BF16 tensor cores (they start at 8.0, Ampere). FP16 tensor cores on 7.0 "
+                    "(Volta) and on 7.5's data-centre and RTX parts (Turing: T4, RTX 20 series); "
+                    "the GTX 16 series (also 7.5) has none, but runs FP16 at twice its FP32 rate, "
+                    "so FP16 there too.",
                     f"FP16 autocast with dynamic loss scaling: in FP16, gradients at or below "
                     f"2^{int(math.log2(FP16.min_subnormal)) - 1} round to zero (2^-25 itself is a "
                     f"tie, rounded to the even neighbour 0) and those below "

@@ -296,6 +296,13 @@ def test_select_precision_for_known_gpus(gpu, precision, tf32):
     assert choice.config(max_grad_norm=1.0).precision == precision
 
 
+def test_select_precision_does_not_promise_fp16_tensor_cores_to_every_7_5_gpu():
+    # capability 7.5 covers the GTX 16 series, which has no tensor cores: the reason must say so
+    reasons = " ".join(select_precision(capability=(7, 5)).reasons)
+    assert "GTX 16" in reasons and "none" in reasons
+    assert "but FP16 ones (7.0 Volta, 7.5 Turing)" not in reasons
+
+
 def test_select_precision_makes_bf16_the_default_and_fp8_a_step_asked_for():
     for gpu in ("L4", "H100"):
         default = select_precision(KNOWN_GPUS[gpu])
