@@ -58,7 +58,7 @@ def parse_notebook(data: bytes) -> dict:
     if len(data) > NOTEBOOK_BYTES:
         raise ValueError(f"the notebook is larger than {NOTEBOOK_BYTES // 2**20} MB")
     try:
-        nb = json_data(data.decode(errors="replace"))
+        nb = json_data(data.decode(errors="replace").removeprefix("\ufeff"))  # a byte-order mark: Notepad's
     except RecursionError:
         raise ValueError("the file nests too deeply to be a notebook") from None
     except ValueError:

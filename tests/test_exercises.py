@@ -288,6 +288,11 @@ def test_malformed_submissions_are_refused_clearly_not_with_a_crash(tmp_path):
             "outputs": []}
     good = {"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     assert notebooks.parse_notebook(json.dumps(good).encode())["cells"] == [cell]
+    # Issue 46: a byte-order mark, CRLF line ends, an older nbformat (no cell ids) are read alike
+    older = {**good, "nbformat_minor": 2}
+    for data in (b"\xef\xbb\xbf" + json.dumps(good).encode(), json.dumps(good, indent=1).replace("\n", "\r\n").encode(),
+                 json.dumps(older).encode()):
+        assert notebooks.parse_notebook(data)["cells"] == [cell]
     for change, reason in ((("metadata", []), "cell 1's metadata is not an object"),
                            (("metadata", None), "cell 1's metadata is not an object"),
                            (("metadata", {"nbgrader": "x"}), "cell 1's nbgrader metadata is not an object"),
