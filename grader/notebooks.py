@@ -58,7 +58,7 @@ def parse_notebook(data: bytes) -> dict:
     if len(data) > NOTEBOOK_BYTES:
         raise ValueError(f"the notebook is larger than {NOTEBOOK_BYTES // 2**20} MB")
     try:
-        nb = json_data(data.decode(errors="replace"))
+        nb = json_data(data.decode(errors="replace").removeprefix("\ufeff"))  # a byte-order mark: Notepad's
     except RecursionError:
         raise ValueError("the file nests too deeply to be a notebook") from None
     except ValueError:
@@ -66,7 +66,31 @@ def parse_notebook(data: bytes) -> dict:
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError("the file is not a Jupyter notebook (no list of cells)")
     nb["cells"] = [c for c in nb["cells"] if isinstance(c, dict)]
+    for number, cell in enumerate(nb["cells"], 1):
+        problem = malformed(cell)
+        if problem:
+            raise ValueError(f"the file is not a valid Jupyter notebook: cell {number}'s {problem} "
+                             "(Jupyter would not open it either): hand in the notebook as Jupyter saves it")
     return nb
+
+
+def malformed(cell: dict) -> str | None:
+    """What in `cell` no Jupyter notebook holds and the grader would trip on, or None: metadata
+    that is not an object (nor its nbgrader part), source that is not text, a kind not code,
+    markdown or raw (red team 45b, A04: a list as metadata made the grader fail, not refuse)."""
+    metadata = cell.get("metadata", {})
+    if not isinstance(metadata, dict):
+        return "metadata is not an object"
+    if not isinstance(metadata.get("nbgrader", {}), dict):
+        return "nbgrader metadata is not an object"
+    source = cell.get("source", "")
+    if not (isinstance(source, str) or isinstance(source, list) and all(isinstance(s, str) for s in source)):
+        return "source is not text"
+    if cell.get("cell_type") not in ("code", "markdown", "raw"):
+        return "kind (cell_type) is not code, markdown or raw"
+    if not isinstance(cell.get("outputs", []), list):
+        return "outputs are not a list"
+    return None
 
 
 def read_notebook(path: Path) -> dict:

@@ -27,6 +27,7 @@ checked twice a second); the whole run ends after `seconds` of wall-clock time. 
 the exit status, the last 20 kB of stdout and stderr, and at most `output_bytes` from file
 descriptor 3 (a pipe: the only way a result leaves the sandbox).
 """
+import fcntl
 import grp
 import itertools
 import os
@@ -42,11 +43,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Sandbox slot k runs as uid and gid UID_BASE + k: far above the ranges that distributions give to
-# users, services and containers' subordinate ids; a uid some account has is skipped.
+# users, services and containers' subordinate ids; a uid some account has is skipped. A process
+# claims its slots machine-wide (a lock on CLAIMS/k, held until it exits), so two grading runs on one
+# machine, or the test suite beside one, never share a uid, nor the per-uid process limit that a
+# fork bomb exhausts (issue 46: a bomb in one run made every other run fail with "Cannot fork").
 UID_BASE = 1_900_000_000
+CLAIMS = Path("/run/mpcourse-sandbox-slots")
 SLOTS = itertools.count()
 SLOT_LOCK = threading.Lock()
 FREE_SLOTS: list[int] = []
+CLAIMED: dict[int, int] = {}  # slot: the file descriptor holding its lock
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives", "fonts",
        "mime.types")
 TAIL = 20_000
@@ -238,8 +244,26 @@ def _slot() -> int:
             return FREE_SLOTS.pop()
         while True:
             slot = next(SLOTS)
-            if not _taken(UID_BASE + slot):
+            if not _taken(UID_BASE + slot) and _claim(slot):
                 return slot
+
+
+def _claim(slot: int) -> bool:
+    """Whether this process now holds slot `slot` machine-wide (a lock no other process holds; the
+    kernel releases it when this process ends, however it ends). Where no claim can be made (not
+    root: then nothing runs as the slot's uid) every slot is this process's."""
+    try:
+        CLAIMS.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(CLAIMS / str(slot), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    CLAIMED[slot] = fd
+    return True
 
 
 def _taken(uid: int) -> bool:

@@ -282,6 +282,28 @@ def test_malformed_submissions_are_refused_clearly_not_with_a_crash(tmp_path):
     deep.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ValueError, match="nests too deeply"):
         notebooks.read_notebook(deep)
+    # Red team 45b, A04: JSON that no Jupyter writes is refused with the cell and the reason (it made
+    # the grader fail on the submission, retried every run, instead)
+    cell = {"cell_type": "code", "source": "x = 1", "metadata": {"nbgrader": {"grade_id": "p1_solution"}},
+            "outputs": []}
+    good = {"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    assert notebooks.parse_notebook(json.dumps(good).encode())["cells"] == [cell]
+    # Issue 46: a byte-order mark, CRLF line ends, an older nbformat (no cell ids) are read alike
+    older = {**good, "nbformat_minor": 2}
+    for data in (b"\xef\xbb\xbf" + json.dumps(good).encode(), json.dumps(good, indent=1).replace("\n", "\r\n").encode(),
+                 json.dumps(older).encode()):
+        assert notebooks.parse_notebook(data)["cells"] == [cell]
+    for change, reason in ((("metadata", []), "cell 1's metadata is not an object"),
+                           (("metadata", None), "cell 1's metadata is not an object"),
+                           (("metadata", {"nbgrader": "x"}), "cell 1's nbgrader metadata is not an object"),
+                           (("source", 12345), "cell 1's source is not text"),
+                           (("source", ["a", 1]), "cell 1's source is not text"),
+                           (("cell_type", "python"), "cell 1's kind"),
+                           (("outputs", {}), "cell 1's outputs are not a list")):
+        bad = json.loads(json.dumps(good))
+        bad["cells"][0][change[0]] = change[1]
+        with pytest.raises(ValueError, match=re.escape(reason)):
+            notebooks.parse_notebook(json.dumps(bad).encode())
 
 
 def test_the_template_course_holds_no_secret(tmp_path):

@@ -183,8 +183,11 @@ def collected(course: Path) -> dict[str, str]:
                 "mallory_222_5001_evil.zip": {f"doejane_1_99999999_{ASSIGNMENT}.ipynb": "mallory's blank",
                                               f"../../mallory_1_2_{ASSIGNMENT}.ipynb": "outside"},
                 f"../mallory_1_3_{ASSIGNMENT}.ipynb": "outside",
-                f"{'c' * 240}_1_4_{ASSIGNMENT}.ipynb": "a name longer than a file system holds"},
-     {"doejane": "jane latest", "smithomar": "omar only", "müllerjürgen": "jürgen"}),
+                f"{'c' * 240}_1_4_{ASSIGNMENT}.ipynb": "a name longer than a file system holds",
+                # red team 45b, A03: a classmate with the same name is another student (user id 654321)
+                f"doejane_654321_7890999_{ASSIGNMENT}.ipynb": "the other jane"},
+     {"doejane_123456": "jane latest", "doejane_654321": "the other jane", "smithomar_223344": "omar only",
+      "müllerjürgen_112": "jürgen"}),
     ("moodle", {f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT}.ipynb": "jane first",
                 f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT} (1).ipynb": "jane latest",
                 f"Omar Smith_12346_assignsubmission_file_/{ASSIGNMENT}.ipynb": "omar only",
@@ -202,10 +205,10 @@ def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, n
     assert collected(course) == expected
     assert all(p.name == f"{ASSIGNMENT}.ipynb" for p in (course / "submitted").glob("*/*/*"))
     if lms == "canvas":
-        assert "LATE: doejane" in result.stdout
+        assert "LATE: doejane_123456" in result.stdout
         assert "skipped mallory_222_5001_evil.zip: not a notebook" in result.stdout  # never opened
         assert f"skipped ../mallory_1_3_{ASSIGNMENT}.ipynb: its name points outside" in result.stdout
-        assert "NOT COLLECTED alice: uploaded files, none of them a notebook" in result.stdout  # e.g. zipped
+        assert "NOT COLLECTED alice_333: uploaded files, none of them a notebook" in result.stdout  # e.g. zipped
         assert f"skipped {'c' * 240}_1_4_{ASSIGNMENT}.ipynb: cannot be written here (File name too long)" in result.stdout
     else:  # an upload's own name never makes it a classmate's
         assert "mallory_evil_55555: skipped Jane Doe_12345" in result.stdout and "jane_doe_12345's upload" in result.stdout
@@ -227,9 +230,9 @@ def test_an_id_longer_than_the_gradebook_holds_is_shortened_alike_on_every_run_a
     assert all(r.returncode == 0 for r in results), results[-1].stdout + results[-1].stderr
     ids = collected(course)
     assert sorted(ids.values()) == ["jane", "long", "longer"] and len(ids) == 3  # nothing stacked under a second id
-    shortened = [s for s in ids if s != "doejane"]
+    shortened = [s for s in ids if s != "doejane_111"]
     assert all(len(s) == 128 and s.startswith("a" * 100) for s in shortened)
-    assert f"LONG ID: {long} is collected as {[s for s in ids if ids[s] == 'long'][0]}" in results[-1].stdout
+    assert f"LONG ID: {long}_1 is collected as {[s for s in ids if ids[s] == 'long'][0]}" in results[-1].stdout
     from nbgrader.api import Gradebook
     urls = {"sqlite": None}
     with contextlib.ExitStack() as stack:
@@ -246,6 +249,24 @@ def test_an_id_longer_than_the_gradebook_holds_is_shortened_alike_on_every_run_a
                              cwd=ROOT, capture_output=True, text=True)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
     assert f"longer than the gradebook's 128 characters in {course / 'submitted'}: {'z' * 129}. Rename" in refused.stderr
+
+
+def test_collection_reads_the_download_once_however_many_files_a_submission_holds(tmp_path, monkeypatch):
+    """Red team 45b, A10: each file's collection read every file of the download again (1,000
+    files in one submission: 56 s, 2,000: 504 s, everyone's collection waiting)."""
+    from grader import collect
+    extracted = tmp_path / "downloaded" / ASSIGNMENT / "extracted"
+    extracted.mkdir(parents=True)
+    names = [f"doejane_1001_500001_part{i:04d}.ipynb" for i in range(300)] + [f"smithomar_3003_500003_{ASSIGNMENT}.ipynb"]
+    for name in names:
+        (extracted / name).write_text("{}")
+    read = []
+    monkeypatch.setattr(collect.CanvasCollector, "parse", staticmethod(lambda path: read.append(path) or collect.canvas(path)))
+    collector = collect.CanvasCollector()
+    kept = [info for name in names if (info := collector.collect(str(extracted / name)))]
+    assert kept == [{"student_id": "doejane_1001", "file_id": f"{ASSIGNMENT}.ipynb"},
+                    {"student_id": "smithomar_3003", "file_id": f"{ASSIGNMENT}.ipynb"}]
+    assert len(read) == 2 * len(names)  # each file's name read for itself and once for the index
 
 
 @needs_sandbox
@@ -274,16 +295,16 @@ def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
     assert not gradebook.registered(course, ASSIGNMENT)
     step("grade", ASSIGNMENT, "--course", ".", "--timeout", "20")
     points = fabricate.test_points(ASSIGNMENT)
-    assert gradebook.scores(course, ASSIGNMENT) == {"doejane": points, "smithomar": {t: 0.0 for t in points}}
+    assert gradebook.scores(course, ASSIGNMENT) == {"doejane_123456": points, "smithomar_223344": {t: 0.0 for t in points}}
     assert (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text() == release
     step("pack-feedback", ASSIGNMENT, "--course", ".", "--out", "feedback-upload")
-    page = (course / "feedback-upload" / ASSIGNMENT / f"smithomar_{ASSIGNMENT}.html").read_text()
+    page = (course / "feedback-upload" / ASSIGNMENT / f"smithomar_223344_{ASSIGNMENT}.html").read_text()
     assert "The visible tests above did not pass, and the hidden tests failed" in " ".join(page.split())
     assert "2⁻²⁵" in page and "$2^{-25}$" not in page  # maths readable offline, without MathJax
     if CHROMIUM:  # as a student sees it, offline: the verdict not cut, the code as written
-        seen = in_the_browser(course / "feedback-upload" / ASSIGNMENT / f"smithomar_{ASSIGNMENT}.html")
+        seen = in_the_browser(course / "feedback-upload" / ASSIGNMENT / f"smithomar_223344_{ASSIGNMENT}.html")
         assert seen["verdicts"] and not any(seen["verdicts"]), "a verdict scrolls sideways"
         assert "0 < backoff_factor < 1" in seen["text"] and "2⁻²⁵" in seen["text"] and "&lt;" not in seen["text"]
     step("export", "--course", ".", "--to", "grades.csv")
     rows = (course / "grades.csv").read_text().splitlines()
-    assert len(rows) == 3 and any(row.startswith(f"{ASSIGNMENT},") and "doejane" in row for row in rows)
+    assert len(rows) == 3 and any(row.startswith(f"{ASSIGNMENT},") and "doejane_123456" in row for row in rows)

@@ -267,6 +267,52 @@ def test_two_shards_meet_in_postgresql_and_a_killed_one_reruns_without_duplicate
 
 
 @needs_sandbox
+def test_two_grading_processes_never_share_a_sandbox_uid():
+    """Issue 46: every grader process numbered its sandboxes' uids from the same start, and the
+    kernel's process limit counts per uid across the machine: a fork bomb in one run, or two shards
+    on one machine, made the other run's sandboxes fail with "Cannot fork"."""
+    from grader import sandbox
+    holder = subprocess.Popen([sys.executable, "-c", "from grader import sandbox; import time\n"
+                               "print(sandbox._slot(), sandbox._slot(), flush=True); time.sleep(120)"],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        theirs = set(map(int, holder.stdout.readline().split()))
+        ours = [sandbox._slot() for _ in range(3)]
+        assert len(theirs) == 2 and not theirs & set(ours), (theirs, ours)
+    finally:
+        holder.kill()
+        holder.wait()
+        for slot in ours:
+            sandbox._release(slot)
+    freed = min(theirs)  # free again once its holder ended, however it ended
+    assert freed in sandbox.CLAIMED or sandbox._claim(freed)
+    sandbox._release(freed)
+
+
+@needs_sandbox
+def test_a_fork_bomb_in_one_grading_process_leaves_another_ones_sandboxes_working():
+    """Issue 46: the same, as it happened: one run's student forks until the per-uid process limit
+    is reached; the other run's sandboxes must still start processes."""
+    from grader import sandbox
+    limits = sandbox.Limits(seconds=20, cpu_seconds=20, processes=24)
+    bomb = threading.Thread(target=sandbox.run, args=(["/bin/bash", "-c", "while true; do sleep 30 & done"],),
+                            kwargs={"limits": limits})  # bash retries a fork that failed; sh would end
+    bomb.start()
+    time.sleep(3)  # it has reached the limit
+    other = subprocess.run([sys.executable, "-c", "from grader import sandbox\n"
+                            "o = sandbox.run(['/bin/sh', '-c', 'for i in 1 2 3 4; do /bin/true & done; wait; echo forked'],"
+                            f" limits=sandbox.Limits(seconds=20, cpu_seconds=20, processes=24))\n"
+                            "print(o.returncode, o.stdout.strip(), o.stderr.strip()[-300:])"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    sandbox.STOP.set()  # end the bomb now
+    try:
+        bomb.join(60)
+    finally:
+        sandbox.STOP.clear()
+    assert other.stdout.startswith("0 forked"), other.stdout + other.stderr
+
+
+@needs_sandbox
 def test_stopping_the_grader_ends_the_sandboxes_still_running():
     from grader import sandbox
     outcome = []
