@@ -41,13 +41,17 @@ def source_text(cell: dict) -> str:
 
 # An IPython help line: `torch.nextafter?`, `?torch.nextafter`, `torch.nextafter??`.
 HELP_LINE = re.compile(r"^\s*(\?{1,2}[\w.]+|[\w.]+\?{1,2})\s*(#.*)?$")
+# IPython's assignment from a magic or the shell: `t = %timeit -o f(x)`, `files = !ls` (red team 45b,
+# A09, A12: the whole cell was a SyntaxError, and its functions were never defined).
+MAGIC_ASSIGNMENT = re.compile(r"^\s*[\w.]+(\s*,\s*[\w.]+)*\s*=\s*[%!]")
 
 
 def without_magics(source: str) -> str:
-    """A cell as plain Python: IPython's %magics, !shell and help (`name?`) lines become comments."""
+    """A cell as plain Python: IPython's %magics, !shell and help (`name?`) lines, and assignments
+    from them, become comments (the name assigned is then undefined: a try-out's result)."""
     return "\n".join(f"# (not run by the grader) {line}"
-                     if line.lstrip().startswith(("%", "!")) or HELP_LINE.match(line) else line
-                     for line in source.split("\n"))
+                     if line.lstrip().startswith(("%", "!")) or HELP_LINE.match(line) or MAGIC_ASSIGNMENT.match(line)
+                     else line for line in source.split("\n"))
 
 
 def part_of(test_or_solution_id: str) -> str:

@@ -182,6 +182,12 @@ def test_an_answer_cell_that_sets_torchs_default_dtype_does_not_change_the_tests
 def test_help_lines_are_comments_and_a_question_mark_elsewhere_is_not_touched():
     assert notebooks.without_magics("torch.nextafter?\n  ?np.log\nx = '?'\ny = a if b else c") == (
         "# (not run by the grader) torch.nextafter?\n# (not run by the grader)   ?np.log\nx = '?'\ny = a if b else c")
+    # Red team 45b, A09 and A12: assignments from IPython's magics and shell, nothing else
+    cell = "t = %timeit -o -n 1 f(x)\nfiles = !ls\na, b = %who_ls\nok = a != b\nz = 7 % 3\nw = '%d' % 2\nv=!pwd"
+    assert notebooks.without_magics(cell).split("\n") == [
+        "# (not run by the grader) t = %timeit -o -n 1 f(x)", "# (not run by the grader) files = !ls",
+        "# (not run by the grader) a, b = %who_ls", "ok = a != b", "z = 7 % 3", "w = '%d' % 2",
+        "# (not run by the grader) v=!pwd"]
 
 
 def run_job(setup: str, cells: list[list[str]], test: str, names: list[str]) -> dict:
