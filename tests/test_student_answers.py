@@ -179,6 +179,14 @@ def test_an_answer_cell_that_sets_torchs_default_dtype_does_not_change_the_tests
     assert verdicts["p1_tests"]["passed"], verdicts["p1_tests"]
 
 
+def test_an_answer_cell_ending_in_a_timeit_capture_keeps_its_part():
+    """Red team 45b, A12: `t = %timeit -o ...` (valid in Jupyter) made the whole cell a SyntaxError."""
+    solution = fabricate.solution_cells("ex4_softmax_stability")["p1_solution"]
+    answer = solution + "\nmeasured = %timeit -o -n 1 -r 1 naive_softmax(torch.randn(4, 5))\nfiles = !ls\n"
+    verdicts, _ = run("ex4_softmax_stability", {"p1_solution": answer}, only="p1")
+    assert verdicts["p1_tests"]["passed"], verdicts["p1_tests"]
+
+
 def test_help_lines_are_comments_and_a_question_mark_elsewhere_is_not_touched():
     assert notebooks.without_magics("torch.nextafter?\n  ?np.log\nx = '?'\ny = a if b else c") == (
         "# (not run by the grader) torch.nextafter?\n# (not run by the grader)   ?np.log\nx = '?'\ny = a if b else c")
