@@ -210,14 +210,25 @@ def grade_part(job: dict, part: dict) -> dict:
     return {"observations": [], "stopped": f"the tests of this part {reason}"}
 
 
+BATCH_BYTES = 24 * 2**20  # a batch stops after the record that takes its records past this
+
+
 def batched(job: dict) -> list:
     """The reference's records for many secrets in one process (grader/runs.py, run_references):
-    [{test_id: record}, ...], one per secret of `job["secrets"]`, in their order. Each part of each
+    [{test_id: record}, ...], one per secret of `job["secrets"]`, in their order, or the first of
+    them: it stops after the record that takes the records' JSON past `job["batch_bytes"]`
+    (BATCH_BYTES), and the grader runs the rest in another process (a reference's records can be
+    large: ex4's are 3 MB a secret, and 45 of them overflowed the result pipe). Each part of each
     secret runs in a child forked from this process, which runs no code of the job itself: every
     child starts from the state a fresh process gives the first (modules, random generators,
     torch's default dtype and threads), so a secret's record is the one a run of its own gives."""
-    return [{part["test_id"]: grade_part({**job, "secret": secret}, part) for part in job["parts"]}
-            for secret in job["secrets"]]
+    records, size = [], 0
+    for secret in job["secrets"]:
+        records.append({part["test_id"]: grade_part({**job, "secret": secret}, part) for part in job["parts"]})
+        size += len(json.dumps(records[-1]))
+        if size > job.get("batch_bytes", BATCH_BYTES):
+            break
+    return records
 
 
 def main() -> None:

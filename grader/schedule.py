@@ -276,7 +276,7 @@ def grade_student(course, assignment, student, template, source, release, secret
             return None, ran, f"the instructor's reference solution fails its own tests: {error}", note, flags
 
 
-REFERENCE_BATCH = 64  # the most students' secrets in one reference run (its record stays well within a sandbox's output)
+REFERENCE_BATCH = 64  # the most students' secrets in one reference run (large records: fewer, runs.run_references)
 
 
 def reference_records(folder: Path, source: dict, secrets: dict, timeout: int, sandbox: bool, workers: int,

@@ -384,3 +384,13 @@ def test_a_secret_starts_from_a_fresh_state_and_its_failure_stays_its_own():
     assert judge.judge(first, first)["p1_tests"]["passed"]
     with pytest.raises(judge.ReferenceProblem, match="only on this secret"):
         judge.judge(unlucky, first)
+    # Issue 52: a batch stops after the record that takes it past its bytes (ex4's reference records,
+    # 3 MB a secret, overflowed the result pipe at 45 students: everyone then ran a reference of their
+    # own), and run_references runs the rest in another process, the records in order
+    assert runner({**job, "secrets": ["lucky", "unlucky", "lucky-too"], "batch_bytes": 1}) == [first]
+    from grader import runs
+    folder = Path(tempfile.mkdtemp())
+    records, problem = runs.run_references(folder / "batch", {**job, "batch_bytes": 1}, ["lucky", "unlucky", "lucky-too"],
+                                           sandbox=False, timeout=60)
+    assert problem is None and records == [first, unlucky, last]
+    assert sorted(p.name for p in folder.iterdir()) == ["batch", "batch-1", "batch-2"]  # three runs
