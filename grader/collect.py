@@ -57,6 +57,19 @@ CANVAS = re.compile(r"^(?P<person>[\w.\-]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<s
                     re.I)  # \w: a name may hold any letter (müllerjürgen)
 MOODLE = re.compile(r"^(?P<person>.+?)_(?P<user>\d+)_assign(?:submission|feedback)_[a-z]+_(?P<name>.*)$")
 AGAIN = re.compile(r"(?:-(\d+)| \((\d+)\))$")  # name-2.ipynb (Canvas), name (2).ipynb (Moodle)
+# Where the LMS's own fields may start in a name (Canvas: user and submission ids; Moodle: the
+# participant number): a name where they could start at two places reads as two students' uploads.
+CANVAS_FIELDS = re.compile(r"(?=_\d+_\d+_.)")
+MOODLE_FIELDS = re.compile(r"(?=_\d+_assign(?:submission|feedback)_[a-z]+_)")
+
+
+def ambiguous(name: str, fields: re.Pattern) -> bool:
+    """Whether the LMS's fields could start at more than one place in `name`: a person's name or
+    a file's name holding what looks like them (red team 45c, A01, A02: a Canvas name
+    `doejane_123456_9999999_x`, or a Moodle name ending `_12345_assignsubmission_file_`, made
+    the attacker's upload a classmate's latest one). Such a file is refused and named, never
+    guessed."""
+    return sum(1 for m in fields.finditer(name) if m.start() > 0) > 1
 
 
 def gradebook_id(lms_id: str) -> str:
@@ -78,6 +91,8 @@ def canvas(relative: Path) -> dict | None:
     match = CANVAS.match(relative.name) if len(relative.parts) == 1 else None
     if not match:
         return None
+    if ambiguous(relative.name, CANVAS_FIELDS):
+        return {"student_id": None, "ambiguous": relative.name}
     student = f"{match['person'].lower()}_{match['user']}"
     return {"student_id": gradebook_id(student), "lms_id": student, "late": bool(match["late"]),
             "order": (int(match["submission"]), upload_number(match["name"]))}
@@ -92,6 +107,8 @@ def moodle(relative: Path) -> dict | None:
     the download, the file's own name. A file in a folder whose own name claims another student
     is refused: {"claims": that student}."""
     own = MOODLE.match(relative.name)
+    if any(ambiguous(part, MOODLE_FIELDS) for part in relative.parts[:2]):
+        return {"student_id": None, "ambiguous": str(relative)}
     if len(relative.parts) > 1:
         folder = MOODLE.match(relative.parts[0])
         if not folder or folder["name"]:
@@ -120,7 +137,7 @@ class LatestNotebookCollector(FileNameCollectorPlugin):
             best = {}
             for other in extracted.rglob("*.ipynb"):
                 theirs = self.parse(other.relative_to(extracted))
-                if theirs and "claims" not in theirs:
+                if theirs and "claims" not in theirs and "ambiguous" not in theirs:
                     best[theirs["student_id"]] = max(best.get(theirs["student_id"], ()), (theirs["order"], str(other)))
             self.index = (extracted, {student: path for student, (_, path) in best.items()})
         return self.index[1]
@@ -132,6 +149,10 @@ class LatestNotebookCollector(FileNameCollectorPlugin):
         info = self.parse(path.relative_to(extracted))
         if path.suffix != ".ipynb" or info is None:
             self.log.warning("Not a %s submission of a notebook, skipped: %s", type(self).__name__, path.name)
+            return None
+        if "ambiguous" in info:
+            self.log.warning("skipped %s: its name reads as more than one student's upload (refused: "
+                             "collect it by hand if it is a student's)", info["ambiguous"])
             return None
         if "claims" in info:
             self.log.warning("%s: skipped %s: a file in their submission named as %s's upload (refused)",
@@ -225,7 +246,7 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
     students = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
     print(printable(f"{len(students)} submissions of {assignment} in {course / 'submitted'}: {', '.join(students)}"))
     parse = {"canvas": canvas, "moodle": moodle}[lms]
-    uploaders = {info["student_id"] for name in skipped if (info := parse(Path(name)))}
+    uploaders = {info["student_id"] for name in skipped if (info := parse(Path(name))) and info["student_id"]}
     for student in sorted(uploaders - set(students)):  # e.g. a notebook handed in zipped
         print(printable(f"  NOT COLLECTED {student}: uploaded files, none of them a notebook (see the skipped lines): "
                         "ask them for the .ipynb, or put it in submitted/ by hand"))

@@ -185,7 +185,9 @@ def collected(course: Path) -> dict[str, str]:
                 f"../mallory_1_3_{ASSIGNMENT}.ipynb": "outside",
                 f"{'c' * 240}_1_4_{ASSIGNMENT}.ipynb": "a name longer than a file system holds",
                 # red team 45b, A03: a classmate with the same name is another student (user id 654321)
-                f"doejane_654321_7890999_{ASSIGNMENT}.ipynb": "the other jane"},
+                f"doejane_654321_7890999_{ASSIGNMENT}.ipynb": "the other jane",
+                # red team 45c, A01: a Canvas name built to read as jane's later submission
+                f"doejane_123456_9999999_x_777_7890999_{ASSIGNMENT}.ipynb": "mallory as jane"},
      {"doejane_123456": "jane latest", "doejane_654321": "the other jane", "smithomar_223344": "omar only",
       "müllerjürgen_112": "jürgen"}),
     ("moodle", {f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT}.ipynb": "jane first",
@@ -193,7 +195,9 @@ def collected(course: Path) -> dict[str, str]:
                 f"Omar Smith_12346_assignsubmission_file_/{ASSIGNMENT}.ipynb": "omar only",
                 "Omar Smith_12346_assignsubmission_onlinetext_/onlinetext.html": "not a notebook",
                 f"Mallory Evil_55555_assignsubmission_file_/Jane Doe_12345_assignsubmission_file_{ASSIGNMENT} (7).ipynb":
-                    "mallory's blank"},
+                    "mallory's blank",
+                # red team 45c, A02: a Moodle name built to read as jane's ninth upload
+                f"Jane Doe_12345_assignsubmission_file__67890_assignsubmission_file_x (9).ipynb": "mallory as jane"},
      {"jane_doe_12345": "jane latest", "omar_smith_12346": "omar only"}),
 ])
 def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, names, expected):
@@ -210,8 +214,10 @@ def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, n
         assert f"skipped ../mallory_1_3_{ASSIGNMENT}.ipynb: its name points outside" in result.stdout
         assert "NOT COLLECTED alice_333: uploaded files, none of them a notebook" in result.stdout  # e.g. zipped
         assert f"skipped {'c' * 240}_1_4_{ASSIGNMENT}.ipynb: cannot be written here (File name too long)" in result.stdout
+        assert f"skipped doejane_123456_9999999_x_777_7890999_{ASSIGNMENT}.ipynb: its name reads as more than one" in result.stdout
     else:  # an upload's own name never makes it a classmate's
         assert "mallory_evil_55555: skipped Jane Doe_12345" in result.stdout and "jane_doe_12345's upload" in result.stdout
+        assert "skipped Jane Doe_12345_assignsubmission_file__67890_assignsubmission_file_x (9).ipynb: its name reads" in result.stdout
     assert "skipped alice_333_5002_notes.gz" in result.stdout  # one bad archive stops no one's collection
     assert {p.suffix for p in (course / "downloaded").rglob("*") if p.is_file()} == {".ipynb"}
 
