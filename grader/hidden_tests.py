@@ -34,6 +34,7 @@ the right values on the secret inputs to match the reference's.
 Prints one line, RESULT {"p1_tests": {"observations": [...], "stopped": null}, ...} (a batch:
 RESULT [{"p1_tests": ...}, ...]), and exits 0.
 """
+import ast
 import ctypes
 import json
 import math  # noqa: F401  (imported before any student code, as the tests expect)
@@ -54,6 +55,25 @@ except Exception:  # noqa: BLE001  the set-up cell's own import says what is wro
     pass
 
 from mpcourse import grading
+
+
+def run_cell(source: str, name: str, namespace: dict) -> str | None:
+    """Run an answer cell's top-level statements in turn in `namespace`; one that raises does not
+    stop the ones after it: a try-out line at the top of a cell (`print(f(a))`, `a` made by a cell of
+    the notebook that grading does not run) would otherwise leave the functions below it undefined
+    (red team 45c, A03d). The first error's description, or None. Exiting (SystemExit, ...) is no
+    try-out: it propagates."""
+    try:
+        statements = ast.parse(source, name).body
+    except Exception as error:  # noqa: BLE001  a cell that does not parse defines nothing
+        return describe(error)
+    first = None
+    for statement in statements:
+        try:
+            exec(compile(ast.Module([statement], type_ignores=[]), name, "exec"), namespace)
+        except Exception as error:  # noqa: BLE001  what the cell defines elsewhere is still tested
+            first = first or describe(error)
+    return first
 
 
 def describe(error: BaseException) -> str:
@@ -106,10 +126,9 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
         random_state = rng_state()  # as the set-up cell left it
         forbid_threads(guard_fd)
         for cell_id, source in part["cells"]:
-            try:
-                exec(compile(source, f"<your cell {cell_id}>", "exec"), answers)
-            except Exception as error:  # noqa: BLE001  what it defined before the error is still tested
-                stopped.append(f"your cell {cell_id} stopped with {describe(error)}")
+            error = run_cell(source, f"<your cell {cell_id}>", answers)
+            if error:
+                stopped.append(f"your cell {cell_id} stopped with {error}")
         tests.update({name: answers[name] for name in part["names"] if name in answers})
         set_rng_state(random_state)  # the tests draw the same numbers whatever the answers drew
         grading._observations = observations

@@ -149,15 +149,39 @@ def defined_names(source: str) -> set[str]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # code that cannot be parsed
         return set()
     names = set()
-    for node in tree.body:
+    for node in module_level(tree.body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}  # `*`: every name (ALL)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            names |= {n.id for item in node.items if item.optional_vars
+                      for n in ast.walk(item.optional_vars) if isinstance(n, ast.Name)}
     return names
+
+
+ALL = "*"  # in defined_names: a star import, which may define any name
+
+
+def module_level(body: list) -> list:
+    """The statements that run at a cell's top level: also those inside its if/else, try, for,
+    while and with blocks (a function defined in `if device == "cuda": ... else: ...` is defined;
+    red team 45c, A03b), never those of a function or class body."""
+    found = []
+    for node in body:
+        found.append(node)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            for field in ("body", "orelse", "finalbody"):
+                if isinstance(getattr(node, field, None), list):
+                    found += module_level(getattr(node, field))
+            for handler in getattr(node, "handlers", []):
+                found += module_level(handler.body)
+            for case in getattr(node, "cases", []):
+                found += module_level(case.body)
+    return found
 
 
 def used_names(source: str) -> set[str]:
@@ -198,7 +222,8 @@ def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *
         for earlier in reversed(order[:order.index(part)]):  # later parts first: they may use earlier ones
             mine = [src for g, src in answers if part_of(g) == earlier]
             theirs = [source_text(cells[g]) for g in solutions if part_of(g) == earlier]
-            if wanted & set().union(*map(defined_names, mine + theirs)):
+            defines = set().union(*map(defined_names, mine + theirs))
+            if wanted & defines or ALL in defines:  # a star import may define what this part uses (A03a)
                 needed.add(earlier)
                 wanted |= set().union(*map(used_names, mine + theirs))
         try:

@@ -187,6 +187,28 @@ def test_an_answer_cell_ending_in_a_timeit_capture_keeps_its_part():
     assert verdicts["p1_tests"]["passed"], verdicts["p1_tests"]
 
 
+def test_names_an_earlier_cell_defines_in_blocks_or_by_a_star_import_reach_a_later_part():
+    """Red team 45c, A03a and A03b: `from math import *` in Part 1's cell, a helper defined in an
+    if/else there: Part 3 and Part 4 used them and lost their points (NameError): only top-level
+    definitions made an earlier cell run before a later part."""
+    assert runs.defined_names("if cuda:\n    def wide(x):\n        return x\nelse:\n    def wide(x):\n        return 2 * x\n"
+                              "try:\n    import scipy as sp\nexcept ImportError:\n    sp = None\n"
+                              "with open('f') as handle:\n    pass\nfor k in range(2):\n    last = k\n"
+                              "def f():\n    inner = 1\n") == {"wide", "sp", "handle", "k", "last", "f"}
+    assert runs.ALL in runs.defined_names("from math import *\n")
+    source = notebooks.read_notebook(ROOT / "solutions" / "ex4_softmax_stability" / "ex4_softmax_stability.ipynb")
+    submission = json.loads(json.dumps(source))
+    for cell in submission["cells"]:
+        if notebooks.grade_id(cell) == "p1_solution":
+            cell["source"] = "from math import *\nif False:\n    pass\nelse:\n    def helper_from_part_one(x):\n        return x\n" + \
+                notebooks.source_text(cell)
+        if notebooks.grade_id(cell) == "p3_solution":
+            cell["source"] = notebooks.source_text(cell) + "\nhelper_from_part_one(isfinite(1.0))\n"
+    job = runs.hidden_test_job(source, submission, SECRET, 60)
+    part3 = next(p for p in job["parts"] if p["test_id"] == "p3_tests")
+    assert "p1_solution" in [cell_id for cell_id, _ in part3["cells"]]
+
+
 def test_help_lines_are_comments_and_a_question_mark_elsewhere_is_not_touched():
     assert notebooks.without_magics("torch.nextafter?\n  ?np.log\nx = '?'\ny = a if b else c") == (
         "# (not run by the grader) torch.nextafter?\n# (not run by the grader)   ?np.log\nx = '?'\ny = a if b else c")
@@ -238,6 +260,9 @@ def test_a_try_out_line_that_fails_outside_the_notebook_does_not_cost_a_later_pa
     assert not verdict["passed"]
     assert verdict["message"].startswith("your cell p1_solution stopped with NameError: name 'run' is not defined")
     assert "name 'save' is not defined" in verdict["message"]
+    # Red team 45c, A03d: a try-out line at the TOP of a cell leaves the functions below it defined
+    verdict = run_job(SETUP, [["p1_solution", "print(run)\n" + earlier], ["p2_solution", mine]], test, ["save", "load"])
+    assert verdict["passed"], verdict
     # Exiting is no try-out: the part fails
     verdict = run_job(SETUP, [["p1_solution", earlier.replace("save(run, 'x.pt')", "raise SystemExit")],
                               ["p2_solution", mine]], test, ["save", "load"])
