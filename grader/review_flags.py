@@ -20,6 +20,20 @@ PARSING = threading.Lock()      # CPython 3.11's ast.parse is not safe in two th
 # An answer cell is parsed in the grader's own process only up to this length: a 4 MB cell of one
 # list took 2 GB to parse (red team 45 A02). No honest answer cell is near it.
 PARSED_CHARS = 200_000
+# Nor one holding more braces than this: CPython 3.11 parses f-string fields in quadratic time (a cell
+# of 66,000 `{a}` fields took 3.8 s a parse, 25 s in all, under the lock every worker needs: red team
+# 45c, A04). No honest answer cell holds a thousand.
+BRACES = 5_000
+
+
+def not_parsed(text: str) -> str | None:
+    """Why the grader's own process does not parse this answer cell, or None: it is still run and
+    graded in its sandbox, but no later part can use the names it defines."""
+    if len(text) > PARSED_CHARS:
+        return f"is longer than {PARSED_CHARS:,} characters: not read here"
+    if text.count("{") > BRACES:
+        return f"holds more than {BRACES:,} braces: not read here"
+    return None
 
 
 def _as_python(source: str) -> str:
@@ -88,13 +102,12 @@ def review_flags(submission: dict) -> dict[str, list[str]]:
         text = source_text(cell)
         found = {why for needle, why in SUSPECT_TEXT.items() if needle in text}
         try:
-            if len(text) > PARSED_CHARS:
-                raise ValueError("too long")
+            if not_parsed(text):
+                raise ValueError(not_parsed(text))
             with PARSING:
                 tree = ast.parse(_as_python(text))
         except (SyntaxError, ValueError, RecursionError, MemoryError):
-            found.add(f"is longer than {PARSED_CHARS:,} characters: not read here" if len(text) > PARSED_CHARS
-                      else "cannot be parsed")
+            found.add(not_parsed(text) or "cannot be parsed")
             tree = ast.Module(body=[], type_ignores=[])
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):

@@ -29,6 +29,7 @@ environment, RAM-backed /tmp the only writable place, limits on processes, memor
 wall-clock time (grader/sandbox.py).
 """
 import ast
+import functools
 import json
 import shutil
 import sys
@@ -38,7 +39,7 @@ from pathlib import Path
 from grader import sandbox as sandboxing
 from grader.course import ROOT, generate_assignment
 from grader.notebooks import grade_id, json_data, parse_notebook, part_of, source_text, without_magics
-from grader.review_flags import PARSED_CHARS, PARSING  # one lock: ast.parse is not thread-safe in 3.11
+from grader.review_flags import PARSING, not_parsed  # one lock: ast.parse is not thread-safe in 3.11
 from grader.student_copy import CHECKS_WITH_EXPECTED, student_copy, without_expected  # noqa: F401
 from grader.withheld import declared
 
@@ -138,16 +139,17 @@ def environment_problem(sandbox: bool) -> str | None:
             "the repository whose mpcourse/ the course uses")
 
 
-def defined_names(source: str) -> set[str]:
+@functools.lru_cache(maxsize=1024)  # each part asks again about the same cells
+def defined_names(source: str) -> frozenset[str]:
     """Top-level names a cell defines (nothing is executed: the source is only parsed; none for a
-    cell longer than PARSED_CHARS, which the grader's process does not parse)."""
-    if len(source) > PARSED_CHARS:
-        return set()
+    cell the grader's process does not parse, review_flags.not_parsed)."""
+    if not_parsed(source):
+        return frozenset()
     try:
         with PARSING:
             tree = ast.parse(without_magics(source))
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # code that cannot be parsed
-        return set()
+        return frozenset()
     names = set()
     for node in module_level(tree.body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -160,7 +162,7 @@ def defined_names(source: str) -> set[str]:
         elif isinstance(node, (ast.With, ast.AsyncWith)):
             names |= {n.id for item in node.items if item.optional_vars
                       for n in ast.walk(item.optional_vars) if isinstance(n, ast.Name)}
-    return names
+    return frozenset(names)
 
 
 ALL = "*"  # in defined_names: a star import, which may define any name
@@ -184,15 +186,16 @@ def module_level(body: list) -> list:
     return found
 
 
-def used_names(source: str) -> set[str]:
-    if len(source) > PARSED_CHARS:
-        return set()
+@functools.lru_cache(maxsize=1024)
+def used_names(source: str) -> frozenset[str]:
+    if not_parsed(source):
+        return frozenset()
     try:
         with PARSING:
             tree = ast.parse(without_magics(source))
-        return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        return frozenset(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # code that cannot be parsed
-        return set()
+        return frozenset()
 
 
 def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *, reference: bool = False) -> dict:

@@ -561,6 +561,12 @@ def test_honest_solutions_are_not_flagged_and_runner_tricks_are(assignment):
             "changes where modules are imported from"} <= set(flags["p1"])
     assert flags["p2"] == [f"is longer than {review_flags.PARSED_CHARS:,} characters: not read here"]
     assert runs.defined_names(bomb) == set() and runs.used_names(bomb) == set()  # not parsed either
+    # red team 45c, A04: f-string fields parse in quadratic time (66,000 of them: 3.8 s a parse)
+    fields = "if False:\n    _ = f\"" + "{a}" * 6_000 + "\"\ndef naive_softmax(x):\n    return x\n"
+    assert review_flags.review_flags(notebook_of({"p1_solution": fields}))["p1"] == [
+        f"holds more than {review_flags.BRACES:,} braces: not read here"]
+    assert runs.defined_names(fields) == set()
+    assert runs.defined_names("_ = f'{a}{b}'\ndef naive_softmax(x):\n    return x\n") == {"_", "naive_softmax"}
 
 
 def test_without_cgroups_students_are_graded_one_at_a_time(monkeypatch, tmp_path):
