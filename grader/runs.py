@@ -139,12 +139,16 @@ def environment_problem(sandbox: bool) -> str | None:
             "the repository whose mpcourse/ the course uses")
 
 
-@functools.lru_cache(maxsize=1024)  # each part asks again about the same cells
 def defined_names(source: str) -> frozenset[str]:
     """Top-level names a cell defines (nothing is executed: the source is only parsed; none for a
     cell the grader's process does not parse, review_flags.not_parsed)."""
-    if not_parsed(source):
-        return frozenset()
+    return frozenset() if not_parsed(source) else _defined_names(source)
+
+
+# Each part asks again about the same cells: parsed once. Only cells short enough to parse are
+# kept, and at most 256 of them (at most 200,000 characters each).
+@functools.lru_cache(maxsize=256)
+def _defined_names(source: str) -> frozenset[str]:
     try:
         with PARSING:
             tree = ast.parse(without_magics(source))
@@ -186,10 +190,12 @@ def module_level(body: list) -> list:
     return found
 
 
-@functools.lru_cache(maxsize=1024)
 def used_names(source: str) -> frozenset[str]:
-    if not_parsed(source):
-        return frozenset()
+    return frozenset() if not_parsed(source) else _used_names(source)
+
+
+@functools.lru_cache(maxsize=256)
+def _used_names(source: str) -> frozenset[str]:
     try:
         with PARSING:
             tree = ast.parse(without_magics(source))
