@@ -4,7 +4,7 @@
 #
 #  - a fresh Python 3.11 virtual environment holding only packages the GPU image has
 #    (tools/gpu-image-packages.txt): torch, numpy, matplotlib, ml-dtypes, tqdm, scikit-learn,
-#    pytest, pytest-xdist and their dependencies, at requirements.txt's versions (the image's own,
+#    pytest, pytest-xdist, pyyaml and their dependencies, at requirements.txt's versions (the image's own,
 #    numpy 2.5.2 say, are not all on the index here). torch is the stand-in: the image's is
 #    2.11.0+cu130 for Python 3.12, which cannot run here; requirements.txt's is the local CPU
 #    wheel for 3.11. `gpu_kit_check.py image-only` proves nothing else is in the venv;
@@ -44,6 +44,8 @@ done
 # --- the image's packages, in a fresh 3.11 venv ----------------------------------------------------
 "$PY311" -m venv "$VENV"
 ROOTS=$(grep -iE "^(torch|numpy|matplotlib|ml_dtypes|tqdm|scikit-learn|pytest|pytest-xdist)==" requirements.txt)
+# PyYAML (the image has it) is no root of requirements.txt: jupyter-book brings it; test_students.py imports it.
+ROOTS="$ROOTS PyYAML==$("$TOOL_PY" -c 'import yaml; print(yaml.__version__)')"
 # What the kit needs from the image (attrs, psutil, coverage, ...), as the kit's metadata asks.
 NEEDS=$("$TOOL_PY" tools/gpu_kit_check.py image-needs "$REHEARSAL/kit-3.11" 3.11)
 # The image has python-dateutil but not tzdata, which dateutil 3 and 4 require: its dateutil is older.
