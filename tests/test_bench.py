@@ -70,7 +70,7 @@ def test_benchmark_agrees_with_torch_utils_benchmark_timer(one_thread):
 
 def test_statistics_come_from_the_samples_and_the_budget_sets_the_counts():
     work = FakeWork(range(1, 11))  # 1, 2, ..., 10 ms, over and over
-    result = benchmark(work, warmup_ms=10, budget_ms=90, timer=work.clock)
+    result = benchmark(work, warmup_ms=10, budget_ms=90, timer=work.clock, device="cpu")
     # The first call (1 ms) is never used; the next five (2..6 ms) give the estimate.
     assert result.estimate_ms == pytest.approx(sum(range(2, 7)) / ESTIMATE_CALLS)
     assert result.warmup == math.ceil(10 / 4)
@@ -90,14 +90,14 @@ def test_statistics_come_from_the_samples_and_the_budget_sets_the_counts():
 
 def test_repeat_bounds_and_explicit_counts():
     slow = FakeWork([50.0])
-    assert benchmark(slow, budget_ms=100, min_repeats=5, timer=slow.clock).repeats == 5
+    assert benchmark(slow, budget_ms=100, min_repeats=5, timer=slow.clock, device="cpu").repeats == 5
     fast = FakeWork([0.01])
-    assert benchmark(fast, budget_ms=100, max_repeats=50, timer=fast.clock).repeats == 50
+    assert benchmark(fast, budget_ms=100, max_repeats=50, timer=fast.clock, device="cpu").repeats == 50
     fixed = FakeWork([1.0])
-    assert benchmark(fixed, repeats=7, timer=fixed.clock).repeats == 7
+    assert benchmark(fixed, repeats=7, timer=fixed.clock, device="cpu").repeats == 7
     # A first call longer than the whole budget: a single call makes the estimate.
     long = FakeWork([500.0])
-    result = benchmark(long, budget_ms=100, warmup_ms=0, timer=long.clock)
+    result = benchmark(long, budget_ms=100, warmup_ms=0, timer=long.clock, device="cpu")
     assert long.calls == 1 + 1 + 0 + result.repeats and result.estimate_ms == 500
 
 

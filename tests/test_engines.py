@@ -13,7 +13,10 @@ def hooks():
 def test_ddp_buckets_hold_fp32_gradients_under_autocast(hooks):
     rows, refused, _, _ = hooks
     assert all(row.bucket_dtypes == ("torch.float32",) for row in rows)
-    assert refused is not None and "NCCL" in refused  # torch's own BF16 hook refuses gloo
+    if torch.version.cuda is not None or torch.version.hip is not None:
+        assert refused is None  # a CUDA build registers it on gloo (seen with 2.11; 2.13 checks the build)
+    elif torch.__version__ >= (2, 13):  # 2.13 checks the build, not the backend: a CPU build refuses
+        assert refused is not None and "NCCL" in refused
 
 
 def test_ddp_compression_halves_bytes_and_costs_precision(hooks):

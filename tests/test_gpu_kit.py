@@ -119,7 +119,7 @@ def test_the_session_script_parses_and_its_limits_fit_the_gpu_window():
     for path in settings["QUICK_TESTS"].split():
         assert (ROOT / path).is_file(), path
     text = SCRIPT.read_text()
-    packed = set(re.findall(r"^pack (\S+)", text, re.MULTILINE))
+    packed = set(re.findall(r"^\s*pack (\S+)", text, re.MULTILINE))
     outputs = packed | {"summary.txt", "results.tar.gz"}
     assert len(outputs) <= 6, outputs
     for step in ("1-tests.log", "2-notebooks.log", "3-alone.log", "4-bench.log"):
@@ -266,6 +266,21 @@ def test_the_summary_counts_a_junit_file_and_says_when_one_is_missing(tmp_path):
     assert lines[0] == "  passed 1, skipped 1, failed 1"
     assert "needs a CUDA GPU" in lines[1] and "t::c: boom" in lines[2]
     assert "no result file" in lines[3]
+
+
+def test_only_notebooks_whose_every_failure_is_a_kernel_start_are_run_again(tmp_path):
+    died = '<error message="failed on setup with &quot;RuntimeError: Kernel died before replying to kernel_info&quot;"/>'
+    xml = tmp_path / "r.xml"
+    xml.write_text('<testsuites><testsuite>'
+                   f'<testcase classname="book.a.ipynb" name="Cell 0">{died}</testcase>'
+                   f'<testcase classname="book.a.ipynb" name="Cell 1">{died}</testcase>'
+                   f'<testcase classname="book.b.ipynb" name="Cell 0">{died}</testcase>'
+                   '<testcase classname="book.b.ipynb" name="Cell 1"><failure message="ClaimFailed"/></testcase>'
+                   '<testcase classname="book.c.ipynb" name="Cell 0"><failure message="ClaimFailed"/></testcase>'
+                   '<testcase classname="book.d.ipynb" name="Cell 0"/>'
+                   '</testsuite></testsuites>')
+    assert gpu_summary.kernel_died(str(xml)) == ["book/a.ipynb"]
+    assert gpu_summary.kernel_died(str(tmp_path / "absent.xml")) == []
 
 
 def test_dataclass_fields_of_the_results_are_all_in_the_report(report_dir):

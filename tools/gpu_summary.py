@@ -2,11 +2,13 @@
 
     python tools/gpu_summary.py junit STEP RC SECONDS FILE.xml [FILE.xml ...]
     python tools/gpu_summary.py bench STEP RC SECONDS REPORT_DIR
+    python tools/gpu_summary.py kernel-died FILE.xml
 
 ``junit``: passed / skipped / failed counts from pytest's JUnit XML, the skip reasons grouped
 with their counts, and the failed tests by name. ``bench``: which steps of report.json ran and
 which were skipped, and why. A missing file (a step killed at its time limit writes none) is
-said so, never counted as a pass. Standard library only: it runs before anything is installed.
+said so, never counted as a pass. ``kernel-died``: the notebooks (book/NAME.ipynb) whose every
+failure is a kernel that died or never answered as it started, one a line. Standard library only: it runs before anything is installed.
 """
 import json
 import sys
@@ -63,7 +65,27 @@ def bench_lines(folder) -> list[str]:
     return lines
 
 
+KERNEL_START = ("Kernel died before replying", "Kernel didn't respond", "Failure starting kernel")
+
+
+def kernel_died(name) -> list[str]:
+    """Notebooks whose every failure is a kernel start, not a cell."""
+    started, other = set(), set()
+    if not Path(name).is_file():
+        return []
+    for case in ET.parse(name).getroot().iter("testcase"):
+        outcome = next((c for c in case if c.tag in ("failure", "error")), None)
+        if outcome is not None:
+            text = (outcome.get("message") or "") + (outcome.text or "")
+            died = any(marker in text for marker in KERNEL_START)
+            (started if died else other).add(case.get("classname", ""))
+    return [f"book/{c.removeprefix('book.')}" for c in sorted(started - other) if c.endswith(".ipynb")]
+
+
 def main(argv) -> int:
+    if argv[:1] == ["kernel-died"]:
+        print("\n".join(kernel_died(argv[1])))
+        return 0
     kind, step, rc, seconds, *files = argv
     status = "ok" if rc == "0" else ("TIMED OUT" if rc in ("124", "137") else f"exit {rc}")
     print(f"{step}: {status}, {float(seconds):.0f} s")
