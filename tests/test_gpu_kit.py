@@ -199,6 +199,14 @@ def test_every_committed_report_and_record_is_consistent():
         assert report["schema"] == 1
     for path in (ROOT / "mpcourse" / "data" / "gpu").glob("*/*.json"):
         assert load_record(path).notebook == path.stem
+        assert (ROOT / "book" / f"{path.stem}.ipynb").is_file(), path  # a record of a page that exists
+
+
+def test_the_appendix_shows_every_committed_report():
+    appendix = (ROOT / "book" / "gpu_reports.md").read_text()
+    included = set(re.findall(r"```\{include\} \.\./mpcourse/data/bench/([^/\s]+)/report\.md", appendix))
+    committed_folders = {p.parent.name for p in (ROOT / "mpcourse" / "data" / "bench").glob("*/report.md")}
+    assert included == committed_folders
 
 
 def test_a_recorder_writes_named_numbers_and_tables_with_their_provenance(tmp_path):
