@@ -243,7 +243,11 @@ def cross_entropy_fp32(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
     small term to a partial sum that already holds the 1, rounding at FP32's spacing there,
     1.2e-7, and the 999 roundings add up, at random when the terms differ and all one way when
     they are equal (on a CPU, margins 12 to 20 over 999 classes: 8e-8 to 9e-7 with N(0, 1) other
-    logits, up to 3.5e-6 with equal ones). The two agree only to that; on CUDA, autocast runs ``cross_entropy`` and ``log_softmax`` in FP32. Taking ``log`` of
+    logits, up to 3.5e-6 with equal ones). The two agree only to that. Under CUDA autocast
+    ``F.cross_entropy`` of 16-bit logits returns FP32 but rounds its log-probabilities to the
+    logits' dtype first: it passes that dtype to ``log_softmax``, and CUDA's lists (torch 2.11,
+    2.13) have ``log_softmax`` and ``nll_loss``, not ``cross_entropy`` (the CPU's has
+    ``cross_entropy``: all FP32). Taking ``log`` of
     an FP16 softmax instead gives ``-inf`` for every probability below ``2**-25`` that rounded to
     zero, and an infinite loss.
     """
