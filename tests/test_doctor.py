@@ -570,7 +570,7 @@ def test_fp16_log_softmax_turns_an_overflowed_scaled_gradient_into_nan_and_inf(d
 
 
 @pytest.mark.parametrize("loss_fn", [F.cross_entropy, cross_entropy_with_fp16_log_softmax],
-                         ids=["cross_entropy", "fp16 log_softmax"])
+                         ids=["cross_entropy", "fp16_log_softmax"])
 def test_scaled_overflows_that_the_scaler_skips_are_information(loss_fn, device):
     """A correct loop whose first scale is far too large: the scaler's job, not a bug. Also where
     the overflow happens inside the loss (in FP16 log_softmax), and the first gradient the doctor
@@ -753,7 +753,7 @@ def test_tf32_is_information_read_from_torch(device):
     ({"cpu"}, "computed on cpu, where TF32 does not apply"),
     ({"cuda"}, "computed on cuda, where it applies"),
     ({"cpu", "cuda"}, "computed on cpu, cuda: it applies on cuda"),
-    (set(), "computed on no device, where TF32 does not apply")])
+    (set(), "computed on no device, where TF32 does not apply")], ids=["cpu", "cuda", "cpu+cuda", "none"])
 def test_tf32_names_every_device_the_run_computed_on_as_torch_does(devices, applies):
     """On a CPU too: the message for a CUDA run, or one that used a CPU and a GPU."""
     found = diagnosis._tf32(Observations(devices=devices), None)
