@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpcourse import doctor
+from mpcourse.doctor import diagnosis
+from mpcourse.doctor.watching import Observations
 from mpcourse.bench.probes import tf32_state
 from mpcourse.optim import CompensatedOptimizer, MasterWeightOptimizer
 from mpcourse.scaling import DynamicLossScaler, StaticLossScaler
@@ -536,19 +538,57 @@ def test_nan_inputs_and_weights_are_told_apart(device):
     assert found[0].where == "forward: 2.weight" and "weights" in found[0].message
 
 
-def test_scaled_overflows_that_the_scaler_skips_are_information(device):
-    """A correct loop whose first scale is far too large: the scaler's job, not a bug."""
+def cross_entropy_with_fp16_log_softmax(logits, target):
+    """F.cross_entropy on FP16 logits as CUDA autocast runs it (torch 2.11 to 2.13): cross_entropy
+    passes the logits' dtype to log_softmax, so autocast leaves log_softmax in FP16, and only
+    nll_loss runs in FP32. CPU autocast casts the logits to FP32 first."""
+    with torch.autocast(logits.device.type, enabled=False):
+        return F.nll_loss(torch.log_softmax(logits, 1).float(), target)
+
+
+def test_fp16_log_softmax_turns_an_overflowed_scaled_gradient_into_nan_and_inf(device):
+    """The gradient of the logits of a loss scaled by 2^40: with log_softmax in FP16 NaN at the
+    target (-inf - p * -inf) and inf beside it; CPU autocast's cross_entropy, in FP32 throughout,
+    gives only infs; CUDA autocast's gives the FP16 log_softmax's NaN and inf."""
+    def grad(loss_fn):
+        g = torch.Generator().manual_seed(0)
+        logits = torch.randn(4, 3, generator=g).to(device, torch.float16).requires_grad_()
+        with torch.autocast(device.type, dtype=torch.float16):
+            loss = loss_fn(logits, target)
+        (loss * 2.0**40).backward()
+        return logits.grad
+
+    target = torch.tensor([0, 1, 2, 0], device=device)
+    at_target = torch.zeros(4, 3, dtype=torch.bool, device=device).scatter_(1, target[:, None], True)
+    fp16_log_softmax = grad(cross_entropy_with_fp16_log_softmax)
+    assert fp16_log_softmax[at_target].isnan().all() and fp16_log_softmax[~at_target].isposinf().all()
+    autocast = grad(F.cross_entropy)
+    if device.type == "cuda":
+        assert torch.equal(autocast.isnan(), at_target) and autocast[~at_target].isposinf().all()
+    else:
+        assert autocast[at_target].isneginf().all() and autocast[~at_target].isposinf().all()
+
+
+@pytest.mark.parametrize("loss_fn", [F.cross_entropy, cross_entropy_with_fp16_log_softmax],
+                         ids=["cross_entropy", "fp16_log_softmax"])
+def test_scaled_overflows_that_the_scaler_skips_are_information(loss_fn, device):
+    """A correct loop whose first scale is far too large: the scaler's job, not a bug. Also where
+    the overflow happens inside the loss (in FP16 log_softmax), and the first gradient the doctor
+    sees holds NaN beside the inf."""
     model = mlp(1, 8, device=device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler(device.type, init_scale=2.0**40, backoff_factor=2.0**-20)
-    report = watched(model, optimizer, scaler, amp_loop(model, optimizer, scaler, device), steps=4)
+    loop = amp_loop(model, optimizer, scaler, device, loss_fn=loss_fn)
+    report = watched(model, optimizer, scaler, loop, steps=4)
     found = [f for f in report.findings if f.code == "nonfinite"]
-    assert [f.severity for f in found] == ["info"]
+    assert [f.severity for f in found] == ["info"], str(report)
     assert re.search("skipped [123] of 4 steps", found[0].message)
+    assert "first seen in the gradient of the model's output" in found[0].message
     assert report.ok
     # A scale that never comes down far enough: every step skipped is a warning.
     scaler = DynamicLossScaler(2.0**100, backoff_factor=0.99)
-    report = watched(model, optimizer, scaler, amp_loop(model, optimizer, scaler, device))
+    loop = amp_loop(model, optimizer, scaler, device, loss_fn=loss_fn)
+    report = watched(model, optimizer, scaler, loop)
     found = [f for f in report.findings if f.code == "nonfinite"]
     assert [f.severity for f in found] == ["warning"] and "skipped 3 of 3 steps" in found[0].message
 
@@ -706,7 +746,18 @@ def test_tf32_is_information_read_from_torch(device):
     report = watched(model, optimizer, None, plain_loop(model, optimizer, device))
     found = [f for f in report.findings if f.code == "tf32"]
     assert [f.severity for f in found] == ["info"] and tf32_state() in found[0].message
-    assert f"computed on {device.type}" in found[0].message
+    assert f"computed on {device.type}," in found[0].message
+
+
+@pytest.mark.parametrize("devices, applies", [
+    ({"cpu"}, "computed on cpu, where TF32 does not apply"),
+    ({"cuda"}, "computed on cuda, where it applies"),
+    ({"cpu", "cuda"}, "computed on cpu, cuda: it applies on cuda"),
+    (set(), "computed on no device, where TF32 does not apply")], ids=["cpu", "cuda", "cpu+cuda", "none"])
+def test_tf32_names_every_device_the_run_computed_on_as_torch_does(devices, applies):
+    """On a CPU too: the message for a CUDA run, or one that used a CPU and a GPU."""
+    found = diagnosis._tf32(Observations(devices=devices), None)
+    assert [f.code for f in found] == ["tf32"] and found[0].message.endswith(applies)
 
 
 def test_a_scaler_that_was_not_passed_is_named_and_still_followed(device):

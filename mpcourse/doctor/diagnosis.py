@@ -189,9 +189,14 @@ def _tf32(seen, session):
         state = tf32_state()
     except RuntimeError as error:  # torch raises when the old and new flag APIs were mixed
         state = f"unreadable ({error})"
-    applies = ("this run computed on CUDA, where it applies" if "cuda" in seen.devices else
-               f"this run computed on {', '.join(sorted(seen.devices)) or 'no device'}, where TF32 "
-               f"does not apply")
+    # the devices as torch names their types (torch.device("cuda")), every one the model used
+    where = ", ".join(sorted(seen.devices)) or "no device"
+    if "cuda" not in seen.devices:
+        applies = f"this run computed on {where}, where TF32 does not apply"
+    elif seen.devices == {"cuda"}:
+        applies = "this run computed on cuda, where it applies"
+    else:
+        applies = f"this run computed on {where}: it applies on cuda"
     return [finding("tf32", "info", f"TF32 settings for FP32 matmuls and convolutions: {state}; "
                     f"{applies}", "torch.backends")]
 

@@ -329,10 +329,18 @@ class Session:
     def _name(self, p) -> str:
         return self._names.get(id(p), f"a {tuple(p.shape)} parameter")
 
-    def _nonfinite(self, phase: str, where: str, kind: str, origin: str):
+    def _nonfinite(self, phase: str, where: str, kind: str, origin: str,
+                   tensor: torch.Tensor | None = None):
         # In the backward of a scaled loss an inf is an overflow the scaler handles, and a NaN
-        # after it (inf - inf, 0 * inf) its consequence; a NaN first is born there, a real error.
-        if phase == "backward" and self._backward and (kind == "inf" or self._overflow):
+        # after it (inf - inf, 0 * inf) its consequence: also a NaN that arrives beside an inf in
+        # one gradient, made from it by the operation that produced both, before any hook saw the
+        # inf. (CUDA autocast runs cross_entropy's log_softmax in FP16: the scaled gradient of the
+        # log-probabilities overflows inside the loss, and log_softmax's backward turns it into
+        # NaN at the target class and inf at the others.) A NaN alone first is born there, a
+        # real error.
+        if phase == "backward" and self._backward and (
+                kind == "inf" or self._overflow
+                or (tensor is not None and bool(torch.isinf(_local(tensor.detach())).any()))):
             self._overflow = True
             self.seen.overflow_where = self.seen.overflow_where or where
         elif self.seen.first_nonfinite is None:
@@ -360,7 +368,7 @@ class Session:
                 return
             kind = _nonfinite(grad)
             if kind:
-                self._nonfinite("backward", holder[0], kind, "gradient")
+                self._nonfinite("backward", holder[0], kind, "gradient", grad)
             if grad.dtype == torch.float16 and self._backward is False:
                 subnormal = int(((grad != 0) & (grad.abs() < FP16_MIN_NORMAL)).sum())
                 self.seen.fp16_grad_values += grad.numel()
