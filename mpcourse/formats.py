@@ -258,7 +258,7 @@ def _round_magnitudes(a, c: _Carrier, fmt: FloatFormat, rounding: str, uniform):
         odd = ((significand >> drop) & 1) == 1  # parity of the kept significand, implicit bit too
         up = (remainder > half) | ((remainder == half) & odd & (drop > 0))
     else:  # stochastic: step up with probability equal to how far x lies from lower to upper
-        fraction = remainder.to(torch.float64) * pow2(torch.clamp(-true_drop, min=-1022))
+        fraction = remainder.to(torch.float64) * exact_pow2(torch.clamp(-true_drop, min=-1022))
         up = uniform(a.shape) < fraction
     return torch.where(up, upper, lower)
 
@@ -477,7 +477,7 @@ def _float32_rounded_to_odd(x: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
-def pow2(e: torch.Tensor) -> torch.Tensor:
+def exact_pow2(e: torch.Tensor) -> torch.Tensor:
     """``2.0 ** e`` in float64, exactly, for integers ``e`` in [-1022, 1023], built from its bits.
 
     Not ``torch.ldexp``: it computes ``x * torch.pow(2, e)``, and on CUDA (torch 2.11, an H200) that
@@ -714,9 +714,9 @@ def encode(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, ge
     normal = (magnitude > 0) & (exponent >= fmt.emin)
     field = torch.where(normal, exponent + fmt.bias, 0)
     # Normal: mantissa = (magnitude / 2**e - 1) * 2**M. Subnormal: magnitude / 2**(emin - M).
-    # Exact products by powers of two (pow2; NaN and inf give nonsense here, replaced below).
+    # Exact products by powers of two (exact_pow2; NaN and inf give nonsense here, replaced below).
     shift = torch.where(normal, fmt.mantissa_bits - exponent, fmt.mantissa_bits - fmt.emin)
-    scaled = magnitude * pow2(torch.clamp(shift, -1022, 1023))
+    scaled = magnitude * exact_pow2(torch.clamp(shift, -1022, 1023))
     mantissa = (scaled - torch.where(normal, 2.0**fmt.mantissa_bits, 0.0)).to(torch.int64)
     mantissa = torch.where(is_inf | is_nan, 0, mantissa)
     field = torch.where(is_inf, 2**fmt.exponent_bits - 1, field)
@@ -756,7 +756,7 @@ def decode(codes, fmt):
     subnormal = (field == 0) & fmt.has_subnormals
     significand = torch.where(subnormal, mantissa, mantissa + 2**fmt.mantissa_bits).double()
     exponent = torch.where(subnormal, fmt.emin, field - fmt.bias) - fmt.mantissa_bits
-    value = significand * pow2(exponent)
+    value = significand * exact_pow2(exponent)
 
     all_ones = field == 2**fmt.exponent_bits - 1
     if fmt.has_infinity:
