@@ -481,7 +481,8 @@ def exact_pow2(e: torch.Tensor) -> torch.Tensor:
     """``2.0 ** e`` in float64, exactly, for integers ``e`` in [-1022, 1023], built from its bits.
 
     Not ``torch.ldexp``: it computes ``x * torch.pow(2, e)``, and on CUDA (torch 2.11, an H200) that
-    power was not exact: ``encode`` built on it turned 144 into E4M3's code for 128."""
+    power is not exact: float64 ``torch.pow(2, -4.0)`` was 0.06249999999999999 there, so
+    ``ldexp(144, -4)`` fell just short of 9 and ``encode`` gave 144 E4M3's code for 128."""
     return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
 
 
