@@ -6,8 +6,9 @@ time for torch input, round_to / ml_dtypes for NumPy input. round_to takes torch
 applies (rounding to nearest into FP32, BF16, FP16, E4M3, E5M2), with the fixes that keep it exact;
 the bit-level algorithm (method="bits", the one the book teaches) is timed alongside.
 
-torch's E4M3 cast saturates overflow to ±448, as round_to(..., saturate=True) does; round_to's
-default (saturate=False) gives NaN there, as ml_dtypes does: each is timed against its match.
+torch 2.13's E4M3 cast saturates overflow to ±448, as round_to(..., saturate=True) does (torch
+2.11's gives NaN); round_to's default (saturate=False) gives NaN there, as ml_dtypes does: each is
+timed against its match (the saturating one against torch's cast; the same work in either version).
 
     python benchmarks/bench_round_to.py [--n 16777216] [--repeats 7] [--bits]
 

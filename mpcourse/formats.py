@@ -18,8 +18,9 @@ twice), with vectorised integer operations in torch: :func:`_round_magnitudes`, 
 book teaches. Two faster paths give the same numbers where they apply, and :func:`round_to` takes
 them only after checking, once per device, that they do on every boundary case
 (:func:`_fast_path_agrees`): torch's own cast, for rounding to nearest into a format torch has a
-dtype for (FP32, BF16, FP16, E4M3, E5M2; the places where the cast differs on purpose, E4M3
-overflow saturating and float64 rounded twice through float32, are handled around it), and
+dtype for (FP32, BF16, FP16, E4M3, E5M2; the places where the cast differs on purpose or between
+torch versions, E4M3 overflow (±448 in torch 2.13, NaN in torch 2.11, on CPU and CUDA alike) and
+float64 rounded twice through float32, are handled around it), and
 ``round(|x| / gap) * gap`` in float arithmetic for the other signed formats with subnormals (TF32,
 FP6, FP4), and for stochastic rounding into any signed format with subnormals (``floor(|x| / gap)``
 plus one step with probability equal to the fractional part: the same numbers as the bit-level
@@ -257,7 +258,7 @@ def _round_magnitudes(a, c: _Carrier, fmt: FloatFormat, rounding: str, uniform):
         odd = ((significand >> drop) & 1) == 1  # parity of the kept significand, implicit bit too
         up = (remainder > half) | ((remainder == half) & odd & (drop > 0))
     else:  # stochastic: step up with probability equal to how far x lies from lower to upper
-        fraction = torch.ldexp(remainder.to(torch.float64), -true_drop.to(torch.float64))
+        fraction = remainder.to(torch.float64) * exact_pow2(torch.clamp(-true_drop, min=-1022))
         up = uniform(a.shape) < fraction
     return torch.where(up, upper, lower)
 
@@ -476,10 +477,20 @@ def _float32_rounded_to_odd(x: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
+def exact_pow2(e: torch.Tensor) -> torch.Tensor:
+    """``2.0 ** e`` in float64, exactly, for integers ``e`` in [-1022, 1023], built from its bits.
+
+    Not ``torch.ldexp``: it computes ``x * torch.pow(2, e)``, and on CUDA (torch 2.11, an H200) that
+    power is not exact: float64 ``torch.pow(2, -4.0)`` was 0.06249999999999999 there, so
+    ``ldexp(144, -4)`` fell just short of 9 and ``encode`` gave 144 E4M3's code for 128."""
+    return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
 def _cast_needs_fixing(fmt: FloatFormat, saturate: bool) -> bool:
     """Whether torch's cast needs a pass after it: to clamp infinities where round_to saturates,
-    or to turn overflow into NaN where torch saturates and round_to does not (E4M3)."""
-    return (saturate and fmt.has_infinity) or (not saturate and not fmt.has_infinity and fmt.has_nan)
+    or to set E4M3's overflow itself, which torch's cast gives as ±448 in torch 2.13 and as NaN in
+    torch 2.11 (on CPU and CUDA alike)."""
+    return (saturate and fmt.has_infinity) or (not fmt.has_infinity and fmt.has_nan)
 
 
 def _round_by_torch_cast(x: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype,
@@ -492,15 +503,17 @@ def _round_by_torch_cast(x: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype,
     out.copy_(x.to(dtype))
     if not _cast_needs_fixing(fmt, saturate):
         return out
-    if saturate:  # overflow (and inf) came out as ±inf: clamp it
-        out.clamp_(-fmt.max_value, fmt.max_value)
-    else:
-        # torch saturates overflow (E4M3: inf and |x| > 464 give 448); round_to gives NaN. The
-        # overflow starts at the midpoint above max_value, which rounds up if max_value is odd.
-        edge = fmt.max_value + 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)
-        overflow = x.abs() >= edge if fmt._top_mantissa % 2 else x.abs() > edge
-        out.masked_fill_(overflow, math.nan)
-    return out
+    if fmt.has_infinity:  # saturate: overflow (and inf) came out as ±inf, clamp it
+        return out.clamp_(-fmt.max_value, fmt.max_value)
+    # No infinity (E4M3): torch's cast of an overflow (inf, |x| > 464) is ±448 in torch 2.13 and NaN
+    # in torch 2.11, so set it here, by round_to's rule on either. The overflow starts at the
+    # midpoint above max_value, which rounds up if max_value is odd.
+    edge = fmt.max_value + 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)
+    overflow = x.abs() >= edge if fmt._top_mantissa % 2 else x.abs() > edge
+    if saturate:
+        return torch.where(overflow, torch.copysign(torch.full_like(out, fmt.max_value), x.to(out.dtype)),
+                           out, out=out)
+    return out.masked_fill_(overflow, math.nan)
 
 
 def _probe_inputs(fmt: FloatFormat, dtype: torch.dtype) -> torch.Tensor:
@@ -702,8 +715,9 @@ def encode(x, fmt, *, rounding: str = "nearest_even", saturate: bool = False, ge
     normal = (magnitude > 0) & (exponent >= fmt.emin)
     field = torch.where(normal, exponent + fmt.bias, 0)
     # Normal: mantissa = (magnitude / 2**e - 1) * 2**M. Subnormal: magnitude / 2**(emin - M).
-    scaled = torch.where(normal, torch.ldexp(magnitude, (fmt.mantissa_bits - exponent).double()),
-                         torch.ldexp(magnitude, torch.tensor(float(fmt.mantissa_bits - fmt.emin))))
+    # Exact products by powers of two (exact_pow2; NaN and inf give nonsense here, replaced below).
+    shift = torch.where(normal, fmt.mantissa_bits - exponent, fmt.mantissa_bits - fmt.emin)
+    scaled = magnitude * exact_pow2(torch.clamp(shift, -1022, 1023))
     mantissa = (scaled - torch.where(normal, 2.0**fmt.mantissa_bits, 0.0)).to(torch.int64)
     mantissa = torch.where(is_inf | is_nan, 0, mantissa)
     field = torch.where(is_inf, 2**fmt.exponent_bits - 1, field)
@@ -743,7 +757,7 @@ def decode(codes, fmt):
     subnormal = (field == 0) & fmt.has_subnormals
     significand = torch.where(subnormal, mantissa, mantissa + 2**fmt.mantissa_bits).double()
     exponent = torch.where(subnormal, fmt.emin, field - fmt.bias) - fmt.mantissa_bits
-    value = torch.ldexp(significand, exponent.double())
+    value = significand * exact_pow2(exponent)
 
     all_ones = field == 2**fmt.exponent_bits - 1
     if fmt.has_infinity:

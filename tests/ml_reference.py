@@ -29,6 +29,23 @@ TORCH_DTYPES = {
     E5M2: torch.float8_e5m2,
 }
 
+TORCH_VERSION = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def torch_e4m3_saturates() -> bool:
+    """Whether this torch's cast to float8_e4m3fn turns an overflow (|x| > 464, inf) into ±448.
+
+    torch 2.13 does (checked on CPU; pytorch/pytorch#178817, April 2026, made the C++ conversion
+    saturate); torch 2.11 gives NaN, on CPU and on CUDA (an H200) alike. torch 2.12 was not
+    checked: a test that needs the answer is skipped there."""
+    import pytest
+    if TORCH_VERSION >= (2, 13):
+        return True
+    if TORCH_VERSION <= (2, 11):
+        return False
+    pytest.skip(f"torch {torch.__version__}: whether its E4M3 cast saturates was checked for 2.11 "
+                "(NaN) and 2.13 (±448) only")
+
 
 def ml_dtypes_round(x: np.ndarray, fmt) -> np.ndarray:
     """x cast to fmt by ml_dtypes (non-saturating) and back to float32."""

@@ -1,14 +1,19 @@
 """scaled_matmul against a float64 product of the dequantized operands (FP32 accumulation within
-its error bound, float64 accumulation exactly), against PyTorch's FP8 product (F.scaled_mm), and its narrow
-accumulator against a scalar loop of round_scalar calls."""
+its error bound, float64 accumulation exactly), against PyTorch's FP8 product (F.scaled_mm, on the
+tests' device: the CPU kernel of torch 2.13, which torch 2.11 lacks, or a GPU's tensor cores), and
+its narrow accumulator against a scalar loop of round_scalar calls."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from mpcourse.formats import round_scalar
 from mpcourse.fp8 import accumulator_format, native_fp8_support, native_scaled_mm, quantize, scaled_matmul
+from tests.ml_reference import TORCH_VERSION
 
 U32 = 2.0**-24  # float32's unit roundoff
+U_TENSOR_CORE = 2.0**-13  # what one cut to 14 significant bits loses, at most (DeepSeek-V3, section 3.3.2)
 
 
 def operands(M=32, K=256, N=48, seed=0):
@@ -29,6 +34,37 @@ def fp32_bound(a_q, b_q) -> torch.Tensor:
     scales and one promoting, each at most one unit roundoff of |a| @ |b|."""
     K = a_q.shape[1]
     return (K + 4) * U32 * (exact(a_q).abs() @ exact(b_q).abs())
+
+
+def native_bound(a_q, b_q, device) -> torch.Tensor:
+    """How far PyTorch's FP8 product on ``device`` may lie from the exact product. On a CPU it is an
+    FP32 product (fp32_bound). Hopper's FP8 tensor cores add the products in groups, each aligned
+    with the running sum to the group's largest exponent and cut to about 14 significant bits
+    (DeepSeek-V3 measured about 14 on an H800), before the sum reaches FP32. Each cut loses less
+    than 2**-13 of the largest magnitude in its group, at most sum |a||b|; with K products and the
+    running sum once per group (of 16 or more products) there are at most K + K/16 + 1 cuts. A
+    bound, not an estimate: an H200 stayed far inside it; a wrong scale, layout or operand breaks it."""
+    bound = fp32_bound(a_q, b_q)
+    if torch.device(device).type == "cuda":
+        K = a_q.shape[1]
+        bound = bound + (K + K // 16 + 1) * U_TENSOR_CORE * (exact(a_q).abs() @ exact(b_q).abs())
+    return bound
+
+
+def on(device, name, seed=0):
+    """quantize_pair's operands, moved to ``device`` as they are (data, scales, amax)."""
+    def moved(q):
+        return replace(q, data=q.data.to(device), scale=q.scale.to(device), amax=q.amax.to(device))
+    a_q, b_q = quantize_pair(name, seed)
+    return moved(a_q), moved(b_q)
+
+
+def needs_native(device):
+    """Skip where PyTorch's FP8 product does not run on this device (torch 2.11 has no CPU kernel
+    for its public scaled_mm; 2.13 has one; a GPU older than compute capability 8.9 has no FP8)."""
+    supported, reason = native_fp8_support(device)
+    if not supported:
+        pytest.skip(f"PyTorch's FP8 product does not run here: {reason}")
 
 
 PAIRS = {  # (a's quantize kwargs, w's) — w is quantized as (N, K) and transposed
@@ -72,21 +108,53 @@ def test_fp64_accumulation_is_exact_with_power_of_two_scales(name):
 
 
 @pytest.mark.parametrize("name", ["tensor x tensor", "row x column", "E5M2 tensor x E4M3 rows"])
-def test_torch_scaled_mm_agrees_with_the_emulation(name):
-    a_q, b_q = quantize_pair(name, seed=1)
-    native = scaled_matmul(a_q, b_q, backend="torch")
+def test_torch_scaled_mm_agrees_with_the_emulation(name, device):
+    needs_native(device)
+    a_q, b_q = on(device, name, seed=1)
     emulated = scaled_matmul(a_q, b_q, backend="emulate")
-    # both accumulate in FP32, in different orders and with the scales applied before (torch)
-    # or after (emulation) the sum: each is within the bound of the exact product
-    assert ((native.double() - emulated.double()).abs() <= 2 * fp32_bound(a_q, b_q)).all()
+    if device.type == "cuda" and name != "tensor x tensor":  # the library uses per-tensor kernels only
+        with pytest.raises(ValueError, match="per-tensor"):
+            scaled_matmul(a_q, b_q, backend="torch")
+        assert torch.equal(scaled_matmul(a_q, b_q), emulated)  # auto emulates
+        return
+    native = scaled_matmul(a_q, b_q, backend="torch")
+    assert native.device == a_q.data.device
+    # each is within its bound of the exact product (the emulation: FP32's)
+    bound = native_bound(a_q, b_q, device).to(device) + fp32_bound(a_q, b_q).to(device)
+    assert ((native.double() - emulated.double()).abs() <= bound).all()
     bf16 = scaled_matmul(a_q, b_q, backend="torch", out_dtype=torch.bfloat16)
     assert bf16.dtype == torch.bfloat16
     assert ((bf16.double() - native.double()).abs() <= 2.0**-8 * native.abs()).all()  # one rounding
 
 
-def test_auto_emulates_on_cpu_and_torch_means_the_public_scaled_mm(monkeypatch):
+def test_auto_emulates_on_cpu():
+    """On a CPU PyTorch's FP8 product is itself an emulation (a slow one with oneDNN), where a
+    torch has it at all: auto takes the exact emulation on any torch."""
+    for name in ("tensor x tensor", "row x column"):
+        a_q, b_q = quantize_pair(name)
+        assert torch.equal(scaled_matmul(a_q, b_q), scaled_matmul(a_q, b_q, backend="emulate"))
+
+
+def test_native_support_on_cpu_follows_the_torch_version():
+    """torch 2.13's public scaled_mm runs on a CPU; torch 2.11's has no CPU kernel (it dispatches to
+    aten::_scaled_mm_v2, which has none): backend="torch" then says so instead of failing deep."""
+    supported, reason = native_fp8_support("cpu")
+    if TORCH_VERSION >= (2, 13):
+        assert supported and "CPU" in reason
+    elif TORCH_VERSION == (2, 11):
+        assert not supported and "no CPU kernel" in reason and torch.__version__ in reason
+        with pytest.raises(ValueError, match="no CPU kernel.*backend='emulate' can"):
+            scaled_matmul(*quantize_pair("tensor x tensor"), backend="torch")
+    else:
+        pytest.skip(f"torch {torch.__version__}: checked on 2.11 and 2.13 only")
+
+
+@pytest.mark.skipif(TORCH_VERSION < (2, 13), reason="torch 2.11's public scaled_mm has no CPU kernel; "
+                    "torch 2.13's has, and this test watches which one backend='torch' calls on a CPU")
+def test_torch_means_the_public_scaled_mm(monkeypatch):
     """backend="torch" is torch 2.13's public F.scaled_mm, told each scale's kind; the private
     torch._scaled_mm only where a torch lacks the public one."""
+    assert native_fp8_support("cpu")[0]  # probed once, before the functions are watched
     calls = []
     public = torch.nn.functional.scaled_mm
     monkeypatch.setattr(torch.nn.functional, "scaled_mm",
@@ -94,8 +162,8 @@ def test_auto_emulates_on_cpu_and_torch_means_the_public_scaled_mm(monkeypatch):
     private = torch._scaled_mm
     monkeypatch.setattr(torch, "_scaled_mm", lambda *args, **kwargs: calls.append("private") or private(*args, **kwargs))
     a_q, b_q = quantize_pair("tensor x tensor")
-    assert torch.equal(scaled_matmul(a_q, b_q), scaled_matmul(a_q, b_q, backend="emulate"))
-    assert calls == []  # on CPU the native product is an emulation too, and a slow one with oneDNN
+    scaled_matmul(a_q, b_q)
+    assert calls == []  # auto: the emulation on a CPU
     scaled_matmul(a_q, b_q, backend="torch")
     scaled_matmul(*quantize_pair("row x column"), backend="torch")
     ScalingType = torch.nn.functional.ScalingType
@@ -178,11 +246,6 @@ def test_bad_operands_get_a_sentence():
         scaled_matmul(*quantize_pair("NVFP4 x NVFP4"), backend="torch")
 
 
-def test_native_support_on_cpu():
-    supported, reason = native_fp8_support("cpu")
-    assert supported and "CPU" in reason
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_native_or_a_clear_fallback():
     a_q, b_q = quantize_pair("tensor x tensor")
@@ -192,10 +255,12 @@ def test_cuda_native_or_a_clear_fallback():
     supported, reason = native_fp8_support("cuda")
     if supported:
         result = scaled_matmul(a_cuda, b_cuda, backend="torch")
+        bound = native_bound(a_q, b_q, "cuda") + fp32_bound(a_q, b_q)  # tensor cores vs FP32 emulation
     else:
         with pytest.warns(UserWarning, match="no FP8"):
             result = scaled_matmul(a_cuda, b_cuda)
-    assert ((result.cpu().double() - cpu.double()).abs() <= 2 * fp32_bound(a_q, b_q)).all()
+        bound = 2 * fp32_bound(a_q, b_q)
+    assert result.is_cuda and ((result.cpu().double() - cpu.double()).abs() <= bound).all()
 
 
 @pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
@@ -211,13 +276,15 @@ def test_emulated_product_ignores_autocast(low):
     assert torch.equal(inside, outside)
 
 
-def test_torch_backend_is_not_changed_by_an_enclosing_autocast_region():
-    """PyTorch's FP8 product has no autocast rule, but on a CPU it runs matmuls that autocast would
-    cast to BF16; scaled_matmul switches autocast off around it, as the emulation does."""
+def test_torch_backend_is_not_changed_by_an_enclosing_autocast_region(device):
+    """PyTorch's FP8 product has no autocast rule, but on a CPU (torch 2.13) it runs matmuls that
+    autocast would cast to BF16; scaled_matmul switches autocast off around it, as the emulation
+    does. On a GPU the same must hold of the tensor-core product."""
+    needs_native(device)
     g = torch.Generator().manual_seed(0)
-    a = quantize(torch.randn(32, 64, generator=g), "e4m3")
-    b = quantize(torch.randn(64, 16, generator=g), "e4m3")
+    a = quantize(torch.randn(32, 64, generator=g).to(device), "e4m3")
+    b = quantize(torch.randn(64, 16, generator=g).to(device), "e4m3")
     plain = scaled_matmul(a, b, backend="torch")
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device.type, dtype=torch.bfloat16):
         inside = scaled_matmul(a, b, backend="torch")
     assert inside.dtype == torch.float32 and torch.equal(inside, plain)

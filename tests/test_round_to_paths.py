@@ -117,7 +117,8 @@ def test_auto_uses_the_cast_where_it_is_proven_on_this_device(fmt, monkeypatch):
 
 
 def test_the_check_rejects_a_cast_that_differs(monkeypatch):
-    """Without the overflow fix (torch saturates E4M3, round_to gives NaN), the probe says no,
+    """Without the overflow fix (torch's E4M3 cast gives ±448 in torch 2.13 and NaN in 2.11; round_to
+    NaN, or ±448 with saturate=True: one of the two differs on either version), the probe says no,
     and round_to then keeps the bit-level path."""
     def torch_cast_alone(x, fmt, dtype, saturate, out):
         return out.copy_(x.to(torch.float32).to(dtype))

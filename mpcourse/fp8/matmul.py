@@ -29,16 +29,21 @@ narrow accumulator (the running sum rounded to 13 mantissa bits after every addi
 (float32), and the kind of each scale (``F.ScalingType.TensorWise``, ``RowWise``, and the block
 kinds ``BlockWise1x16``, ``BlockWise1x32``, ``BlockWise1x128``, ``BlockWise128x128`` on the GPUs
 that have kernels for them). Older code calls the private ``torch._scaled_mm`` (per tensor or
-row-wise), which :func:`native_scaled_mm` falls back to in a torch without the public one. It
-accumulates in FP32. On CUDA it needs compute capability 8.9 or newer (Ada, Hopper, Blackwell) and
-M, K, N multiples of 16. On a CPU it is itself an emulation: it converts to float32, multiplies by
-the scales and calls an FP32 matmul, or, on CPUs with AMX, goes through oneDNN, which is slow
-(over a second for one 256³ product on the machine this was written on). So ``backend="auto"``
-uses it on FP8 GPUs only, and the exact emulation here everywhere else; the emulation also does
-blocks, FP6/FP4 elements and narrow accumulators.
+row-wise), which :func:`native_scaled_mm` falls back to in a torch without the public one. On CUDA
+it needs compute capability 8.9 or newer (Ada, Hopper, Blackwell) and M, K, N multiples of 16, and
+its sum is not an IEEE FP32 sum: Hopper's FP8 tensor cores add the products in a narrower register
+(DeepSeek-V3's 14 bits, above) before cuBLAS moves the sum to FP32, with or without
+``use_fast_accum``. On a CPU, in torch 2.13, it is itself an emulation: it converts to float32,
+multiplies by the scales and calls an FP32 matmul, or, on CPUs with AMX, goes through oneDNN, which
+is slow (over a second for one 256³ product on the machine this was written on); torch 2.11's public
+``scaled_mm`` has no CPU kernel at all (:func:`native_fp8_support` asks the installed torch). So
+``backend="auto"`` uses it on FP8 GPUs only, and the exact emulation here everywhere else (and
+where PyTorch's product refuses); the emulation also does blocks, FP6/FP4 elements and narrow
+accumulators.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -94,6 +99,9 @@ def native_fp8_support(device) -> tuple[bool, str]:
     """Whether PyTorch's FP8 product can run on ``device``, and a sentence saying why (not)."""
     device = torch.device(device)
     if device.type == "cpu":
+        problem = _cpu_kernel_problem()
+        if problem:
+            return False, problem
         return True, "on CPU, PyTorch's FP8 product runs (as an FP32 emulation inside PyTorch)"
     if device.type != "cuda":
         return False, f"this library uses PyTorch's FP8 product on CPU and CUDA only, not {device.type}"
@@ -103,6 +111,18 @@ def native_fp8_support(device) -> tuple[bool, str]:
         return False, (f"{name} (compute capability {capability[0]}.{capability[1]}) has no FP8 "
                        "tensor cores; they start at 8.9 (Ada, Hopper, Blackwell)")
     return True, f"{name} (compute capability {capability[0]}.{capability[1]}) has FP8 tensor cores"
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_kernel_problem() -> str | None:
+    """Why this torch cannot run its FP8 product on a CPU, or None if a 16x16 product runs."""
+    data, one = torch.zeros(16, 16, dtype=torch.float8_e4m3fn), torch.ones(())
+    try:
+        native_scaled_mm(data, data.t(), one, one)
+    except (RuntimeError, NotImplementedError) as error:
+        first_line = str(error).splitlines()[0].split(". ")[0] if str(error) else type(error).__name__
+        return f"torch {torch.__version__}'s scaled_mm has no CPU kernel ({first_line[:160]})"
+    return None
 
 
 def scaled_matmul(a: QuantizedTensor, b: QuantizedTensor, *, out_dtype: torch.dtype = torch.float32,
@@ -129,7 +149,8 @@ def scaled_matmul(a: QuantizedTensor, b: QuantizedTensor, *, out_dtype: torch.dt
             product, :func:`native_scaled_mm` (CPU or GPU), ValueError where it cannot compute
             this product (non-float8 data, blocks, an emulated accumulator, an old GPU). ``"auto"``:
             PyTorch's product on a GPU with FP8 tensor cores where it can compute the product, else the emulation (on
-            CPU always; a one-time warning on a GPU without FP8 tensor cores).
+            CPU always; a one-time warning on a GPU without FP8 tensor cores, or where PyTorch's
+            product raises).
 
     Returns:
         A tensor of shape (M, N) and dtype ``out_dtype`` on a's device.
@@ -146,8 +167,13 @@ def scaled_matmul(a: QuantizedTensor, b: QuantizedTensor, *, out_dtype: torch.dt
         raise ValueError(f"backend='torch' cannot compute this product: {problem}; "
                          "backend='emulate' can")
     device = a.data.device
-    if backend == "torch" or (backend == "auto" and not problem and device.type == "cuda"):
+    if backend == "torch":
         return _torch_scaled_mm(a, b, out_dtype)
+    if backend == "auto" and not problem and device.type == "cuda":
+        try:
+            return _torch_scaled_mm(a, b, out_dtype)
+        except RuntimeError as error:  # e.g. a cuBLAS without this kernel: emulate instead
+            warnings.warn(f"{error}; scaled_matmul emulates FP8 instead, exactly but slowly", stacklevel=2)
     if backend == "auto" and device.type == "cuda":
         supported, reason = native_fp8_support(device)
         if not supported:  # Python shows a warning once per calling line; other reasons to

@@ -50,7 +50,7 @@ all-zero tensor the tensor scale 1.0): any finite scale stores zeros exactly, an
 """
 import torch
 
-from mpcourse.formats import E2M1, E2M3, E3M2, E4M3, E5M2, FloatFormat, round_to
+from mpcourse.formats import E2M1, E2M3, E3M2, E4M3, E5M2, FloatFormat, exact_pow2, round_to
 
 MX_ELEMENT_FORMATS = (E4M3, E5M2, E3M2, E2M3, E2M1)
 MX_SCALE_ROUNDINGS = ("floor", "rceil")
@@ -73,7 +73,7 @@ def mx_shared_exponent(amax: torch.Tensor, fmt: FloatFormat, rounding: str = "fl
     exponent = torch.frexp(amax).exponent - 1  # amax in [2**exponent, 2**(exponent + 1))
     shared = exponent - fmt.emax
     if rounding == "rceil":  # one binade up where the block maximum would saturate
-        shared = shared + (torch.ldexp(amax, -shared.double()) > fmt.max_value).int()
+        shared = shared + (amax * exact_pow2(torch.clamp(-shared, -1022, 1023)) > fmt.max_value).int()
     shared = torch.where(amax > 0, shared, 0)
     return shared.clamp(-E8M0_BIAS, E8M0_BIAS).int()
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from mpcourse.formats import E2M1, E4M3, E5M2, FP32, FloatFormat, get_format, round_to
+from mpcourse.formats import E2M1, E4M3, E5M2, FP32, FloatFormat, exact_pow2, get_format, round_to
 from mpcourse.fp8.microscaling import (E8M0_BIAS, MX_ELEMENT_FORMATS, mx_shared_exponent,
                                        nvfp4_scales)
 
@@ -195,7 +195,7 @@ def quantize(x: torch.Tensor, fmt=None, *, granularity: str = "tensor", axis: in
     extra = {}
     if granularity == "mx":
         shared = mx_shared_exponent(amax, fmt, scale_rounding or "floor")
-        scale = torch.ldexp(torch.ones_like(amax, dtype=torch.float64), -shared.double()).float()
+        scale = exact_pow2(-shared).float()
         extra["scale_e8m0"] = (shared + E8M0_BIAS).to(torch.uint8)
     elif granularity == "nvfp4":
         block_scale, tensor_scale = nvfp4_scales(amax, amax.amax())
@@ -204,7 +204,7 @@ def quantize(x: torch.Tensor, fmt=None, *, granularity: str = "tensor", axis: in
     elif scale is None:
         scale = amax_to_scale(amax, fmt)
         if scale_rounding == "power_of_two":  # round down: 2**floor(log2(scale)), never saturates
-            scale = torch.ldexp(torch.ones_like(scale), torch.frexp(scale).exponent - 1)
+            scale = exact_pow2(torch.frexp(scale).exponent - 1).float()
     else:
         scale = _checked_scale(scale, x.device)
     if granularity == "tensor":
