@@ -258,7 +258,7 @@ def test_a_try_out_line_that_fails_outside_the_notebook_does_not_cost_a_later_pa
     # When the tests fail, the message says where the answer cell stopped
     verdict = run_job(SETUP, [["p1_solution", "print(run)\n"], ["p2_solution", mine]], test, ["save", "load"])
     assert not verdict["passed"]
-    assert verdict["message"].startswith("your cell p1_solution stopped with NameError: name 'run' is not defined")
+    assert verdict["message"].startswith("your cell p1_solution raised NameError: name 'run' is not defined")
     assert "name 'save' is not defined" in verdict["message"]
     # Red team 45c, A03d: a try-out line at the TOP of a cell leaves the functions below it defined
     verdict = run_job(SETUP, [["p1_solution", "print(run)\n" + earlier], ["p2_solution", mine]], test, ["save", "load"])
@@ -267,6 +267,33 @@ def test_a_try_out_line_that_fails_outside_the_notebook_does_not_cost_a_later_pa
     verdict = run_job(SETUP, [["p1_solution", earlier.replace("save(run, 'x.pt')", "raise SystemExit")],
                               ["p2_solution", mine]], test, ["save", "load"])
     assert not verdict["passed"]
+
+
+def test_modules_a_notebook_habitually_imports_reach_the_answer_cells_not_the_students_other_cells():
+    """Red team 45c, A05a: `import math` in a cell of the student's own (grading runs answer cells
+    only) made Part 3's `math.isfinite` a NameError: 0 of 2 for a right answer."""
+    answer = "def f(x):\n    return math.sqrt(x) + np.float64(1) + float(F.relu(torch.tensor(-1.0))) + copy.copy(2)\n"
+    assert run_job("import torch\n", [["p2_solution", answer]], "assert f(4.0) == 5.0\n", ["f"])["passed"]
+    # the set-up cell's own binding of a habitual name wins
+    setup = "import torch\nF = 'from the set-up cell'\n"
+    assert run_job(setup, [["p2_solution", "def f():\n    return F\n"]], "assert f() == 'from the set-up cell'\n",
+                   ["f"])["passed"]
+    # ex1 end to end: the set-up cell imports no math
+    solution = fabricate.solution_cells("ex1_precision_comparison")["p3_solution"]
+    answer = solution.replace("np.all(np.isfinite(n)) and np.all(np.isfinite(e))",
+                              "all(math.isfinite(v) for v in n) and all(math.isfinite(v) for v in e)").replace("np.exp(", "math.exp(")
+    assert "math.isfinite" in answer and "math.exp(" in answer
+    verdicts, _ = run("ex1_precision_comparison", {"p3_solution": answer}, only="p3")
+    assert verdicts["p3_tests"]["passed"], verdicts["p3_tests"]
+    # The student's own cells still never run: only the answer cells go into the job
+    source = notebooks.read_notebook(ROOT / "solutions" / "ex1_precision_comparison" / "ex1_precision_comparison.ipynb")
+    submission = json.loads(json.dumps(source))
+    own = "import math\nimport os\nos.system('touch /tmp/own-cell-ran')\ndef helper(x):\n    return x\n"
+    submission["cells"].insert(1, {"cell_type": "code", "metadata": {}, "source": own, "outputs": [], "execution_count": None})
+    job = runs.hidden_test_job(source, submission, SECRET, 60)
+    assert all(own not in text and "own-cell-ran" not in text for part in job["parts"] for _, text in part["cells"])
+    verdict = run_job("import torch\n", [["p2_solution", "def f(x):\n    return helper(x)\n"]], "assert f(1) == 1\n", ["f"])
+    assert not verdict["passed"] and "name 'helper' is not defined" in verdict["message"]
 
 
 # --- issue 45: the course library, reached where the own-work watcher does not look -------------
