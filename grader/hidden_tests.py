@@ -32,8 +32,11 @@ that of wall-clock time: a loaded machine does not fail an honest slow part) and
 record says so. Code written against this runner can write any record it likes: it still needs
 the right values on the secret inputs to match the reference's.
 
-Prints one line, RESULT {"p1_tests": {"observations": [...], "stopped": null}, ...} (a batch:
-RESULT [{"p1_tests": ...}, ...]), and exits 0.
+Prints one line per part, RECORD<tab>[0, "p1_tests"]<tab>{"observations": [...], "stopped": null} (a
+batch: the secret's number in place of 0), then RESULT <the number of secrets run>, and exits 0. A
+part's record is its own line so that the grader checks each record's size before it parses it,
+and a record too large to read (mpcourse.grading.record_problem) costs that part only: its record
+then says why, and carries "refused" (a review flag).
 """
 import ast
 import copy  # noqa: F401  (imported before any student code: NOTEBOOK_MODULES)
@@ -191,7 +194,9 @@ def end_the_others() -> None:
                     pass
 
 
-RECORD_BYTES = 64 * 2**20  # the most read of one part's record
+# The most a student's run writes of records, all parts together (the sandbox reads 60 MB of the
+# result pipe, grader/sandbox.py): a part whose record would take them past it is refused.
+RESULT_BYTES = 48 * 2**20
 
 
 class GraderFailure(Exception):
@@ -210,7 +215,7 @@ def grade_part(job: dict, part: dict) -> dict:
     os.close(write_fd)
     os.close(guard_write)
     deadline, chunks, size = time.monotonic() + 4 * job["timeout"], [], 0
-    while size <= RECORD_BYTES:
+    while size <= grading.RECORD_BYTES:  # one chunk past it at most
         ready, _, _ = select.select([read_fd], [], [], max(0.0, deadline - time.monotonic()))
         chunk = os.read(read_fd, 2**20) if ready else None
         if not chunk:
@@ -235,8 +240,12 @@ def grade_part(job: dict, part: dict) -> dict:
         raise GraderFailure(guard.decode(errors="replace"))
     if job.get("sandboxed"):
         end_the_others()
+    text = b"".join(chunks)
+    too_large = grading.record_problem(text)  # before parsing it: red team 45c, A06b
+    if too_large:
+        return refused(too_large)
     try:
-        record = json.loads(b"".join(chunks)) if size <= RECORD_BYTES else None
+        record = json.loads(text)
         if isinstance(record, dict) and isinstance(record.get("observations"), list):
             return {"observations": record["observations"], "stopped": record.get("stopped")}
     except (ValueError, RecursionError):
@@ -244,9 +253,13 @@ def grade_part(job: dict, part: dict) -> dict:
     cpu = os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL) and not timed_out
     reason = (f"did not finish within {job['timeout']} s of CPU time" if cpu
               else f"did not finish within {4 * job['timeout']} s" if timed_out
-              else f"wrote a record larger than {RECORD_BYTES // 2**20} MB" if size > RECORD_BYTES
               else "ended the process before the tests finished")
     return {"observations": [], "stopped": f"the tests of this part {reason}"}
+
+
+def refused(problem: str) -> dict:
+    """The record of a part whose own record is not read: `problem` says why; "refused" flags it."""
+    return {"observations": [], "stopped": f"the tests of this part {problem}", "refused": problem}
 
 
 BATCH_BYTES = 24 * 2**20  # a batch stops after the record that takes its records past this
@@ -281,10 +294,19 @@ def main() -> None:
         if "secrets" in job:  # the reference's batch: each secret's parts as a job of their own (batched)
             results = batched(job)
         else:
-            results = {part["test_id"]: grade_part(job, part) for part in job["parts"]}
+            results = [{part["test_id"]: grade_part(job, part) for part in job["parts"]}]
     except GraderFailure as error:
         sys.exit(f"grading refused: {error}")
-    print("RESULT " + json.dumps(results), flush=True)
+    written = 0
+    for number, records in enumerate(results):
+        for test_id, record in records.items():
+            text = json.dumps(record)
+            if written + len(text) > RESULT_BYTES and "secrets" not in job:  # a batch stops by itself (batched)
+                text = json.dumps(refused(f"and the earlier parts wrote records larger together than the grader "
+                                          f"reads ({RESULT_BYTES // 2**20} MB)"))
+            written += len(text)
+            print(f"RECORD\t{json.dumps([number, test_id])}\t{text}")
+    print(f"RESULT {len(results)}", flush=True)
 
 
 if __name__ == "__main__":
