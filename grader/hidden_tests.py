@@ -302,8 +302,8 @@ def main() -> None:
         for test_id, record in records.items():
             text = json.dumps(record)
             if written + len(text) > RESULT_BYTES and "secrets" not in job:  # a batch stops by itself (batched)
-                text = json.dumps(refused(f"and the earlier parts wrote records larger together than the grader "
-                                          f"reads ({RESULT_BYTES // 2**20} MB)"))
+                text = json.dumps(refused(f"wrote a record that took the parts' records past what the grader "
+                                          f"reads ({RESULT_BYTES // 2**20} MB in all)"))
             written += len(text)
             print(f"RECORD\t{json.dumps([number, test_id])}\t{text}")
     print(f"RESULT {len(results)}", flush=True)

@@ -272,7 +272,7 @@ def grade_student(course, assignment, student, template, source, release, secret
                 return None, ran, f"the hidden-test runner ({who}) {problem}", note, flags
         for test_id, record in records["student"].items():  # a record too large to read (runs.read_records)
             if record.get("refused"):
-                flags[part_of(test_id)] = sorted({*flags.get(part_of(test_id), []), "its tests' record was not read: "
+                flags[part_of(test_id)] = sorted({*flags.get(part_of(test_id), []), "made the part's record unreadable: "
                                                   + str(record["refused"])})
         try:
             return judge.judge(records["reference"], records["student"]), ran, None, note, flags

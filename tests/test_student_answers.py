@@ -347,6 +347,18 @@ def test_a_record_inflated_past_what_the_tests_need_is_refused_for_its_part_only
     assert records["p1_tests"]["stopped"] == "the tests of this part wrote a record of more values than the grader reads (250,000)"
 
 
+def test_a_students_records_together_stop_before_the_result_pipe_is_full():
+    """Records each under the bounds, together past the 60 MB the sandbox reads of its result pipe,
+    would lose every part (no RESULT line): the part that takes them past 48 MB is refused instead."""
+    test = "grading._observations.append('x' * 14_000_000)\n"
+    job = {"secret": SECRET, "timeout": 60, "setup": SETUP + "from mpcourse import grading\n",
+           "parts": [{"test_id": f"p{n}_tests", "cells": [], "names": [], "test": test} for n in (1, 2, 3, 4)]}
+    records = runner(job)
+    assert [len(records[f"p{n}_tests"]["observations"]) for n in (1, 2, 3, 4)] == [1, 1, 1, 0]
+    assert records["p4_tests"]["stopped"] == ("the tests of this part wrote a record that took the parts' records "
+                                              "past what the grader reads (48 MB in all)")
+
+
 def test_the_grader_reads_no_record_past_its_bounds_whatever_the_runner_sent():
     """The sandbox's runner refuses such a record itself; a runner that did not (its output is data,
     not trusted) gets the same answer from the grader's own process, part by part, and the grader's
