@@ -15,9 +15,10 @@ of its own, and the result is a list of records, one per secret. The child runs 
 run in one, the test cell in the other, which receives only the names the exercise asks for
 (`names`), so nothing an answer cell rebinds (`grading`, `torch`, ...) reaches the tests. The
 answer cells run as the notebook ran them: help lines (`name?`) are comments (grader/notebooks.py),
-`display` and `input` exist, so do the modules a notebook habitually imports (`math`, `np`, `torch`,
-...: NOTEBOOK_MODULES, as a student's own import cell made them), and an answer cell that raises (a try-out line that used something
-of the notebook's outside the answer cells) does not stop the part: what it defined is tested,
+`display` and `input` exist, so do the modules a notebook habitually imports (`math`, `np`,
+`torch`, ...: NOTEBOOK_MODULES, as a student's own import cell made them), and an answer cell that
+raises (a try-out line that used something of the notebook's outside the answer cells) does not
+stop the part: what it defined is tested,
 and the failure message names the cell. The tests' random generators start as the set-up cell
 left them, whatever the answer cells drew. After the set-up cell and before the first answer cell
 the child forbids itself threads and processes (grader/no_threads.py, a seccomp filter): the

@@ -323,9 +323,11 @@ def read_records(output: bytes, job: dict) -> tuple[dict | list | None, str | No
     is a line of its own, and its size is checked before it is parsed (mpcourse.grading.record_problem):
     one too large to read costs that part only (red team 45c, A06b), as the sandbox's runner also does,
     and the grader's own memory stays bounded whatever the sandbox sent."""
-    lines = output.rstrip().split(b"\n")
+    lines = output.split(b"\n")  # copies the output once; each line is then read alone
+    while lines and not lines[-1].strip():
+        lines.pop()
     try:
-        count = int(lines[-1].removeprefix(b"RESULT ")[:12])
+        count = int(lines[-1][7:19]) if lines and lines[-1].startswith(b"RESULT ") else 0
     except ValueError:
         return None, "sent back a damaged record"
     wanted = [part["test_id"] for part in job["parts"]]
@@ -333,14 +335,16 @@ def read_records(output: bytes, job: dict) -> tuple[dict | list | None, str | No
         return None, "sent back a damaged record"
     found: list[dict] = [{} for _ in range(count)]
     for line in lines[:-1]:
-        header, _, text = line.removeprefix(b"RECORD\t").partition(b"\t")
+        tab = line.find(b"\t", 7, 1000)
+        if not line.startswith(b"RECORD\t") or tab < 0:
+            continue
         try:
-            number, test_id = json.loads(header[:1000]) if line.startswith(b"RECORD\t") else (None, None)
+            number, test_id = json.loads(line[7:tab])
         except (ValueError, TypeError):
             continue
         if isinstance(number, int) and 0 <= number < count and isinstance(test_id, str) and test_id in wanted \
                 and test_id not in found[number]:
-            found[number][test_id] = part_record(text)
+            found[number][test_id] = part_record(line[tab + 1:])
     if any(len(records) != len(wanted) for records in found):
         return None, "sent back a damaged record"
     return (found if "secrets" in job else found[0]), None
