@@ -15,8 +15,10 @@ of its own, and the result is a list of records, one per secret. The child runs 
 run in one, the test cell in the other, which receives only the names the exercise asks for
 (`names`), so nothing an answer cell rebinds (`grading`, `torch`, ...) reaches the tests. The
 answer cells run as the notebook ran them: help lines (`name?`) are comments (grader/notebooks.py),
-`display` and `input` exist, and an answer cell that raises (a try-out line that used something
-of the notebook's outside the answer cells) does not stop the part: what it defined is tested,
+`display` and `input` exist, so do the modules a notebook habitually imports (`math`, `np`,
+`torch`, ...: NOTEBOOK_MODULES, as a student's own import cell made them), and an answer cell that
+raises (a try-out line that used something of the notebook's outside the answer cells) does not
+stop the part: what it defined is tested,
 and the failure message names the cell. The tests' random generators start as the set-up cell
 left them, whatever the answer cells drew. After the set-up cell and before the first answer cell
 the child forbids itself threads and processes (grader/no_threads.py, a seccomp filter): the
@@ -31,14 +33,19 @@ that of wall-clock time: a loaded machine does not fail an honest slow part) and
 record says so. Code written against this runner can write any record it likes: it still needs
 the right values on the secret inputs to match the reference's.
 
-Prints one line, RESULT {"p1_tests": {"observations": [...], "stopped": null}, ...} (a batch:
-RESULT [{"p1_tests": ...}, ...]), and exits 0.
+Prints one line per part, RECORD<tab>[0, "p1_tests"]<tab>{"observations": [...], "stopped": null} (a
+batch: the secret's number in place of 0), then RESULT <the number of secrets run>, and exits 0. A
+part's record is its own line so that the grader checks each record's size before it parses it,
+and a record too large to read (mpcourse.grading.record_problem) costs that part only: its record
+then says why, and carries "refused" (a review flag).
 """
 import ast
+import copy  # noqa: F401  (imported before any student code: NOTEBOOK_MODULES)
 import ctypes
 import json
 import math  # noqa: F401  (imported before any student code, as the tests expect)
 import os
+import random  # noqa: F401
 import resource
 import select
 import signal
@@ -47,6 +54,7 @@ import time
 
 import numpy  # noqa: F401
 import torch  # noqa: F401
+import torch.nn.functional  # noqa: F401
 
 import no_threads  # beside this file (grader/runs.py copies both)
 try:  # every exercise's set-up cell imports it: once here, not once per part (~0.5 s each)
@@ -89,6 +97,20 @@ def describe(error: BaseException) -> str:
 # nowhere), input() waits for an answer (here: an empty one, as if the student pressed Enter).
 NOTEBOOK_HABITS = {"display": lambda *objects, **options: None, "input": lambda prompt="": ""}
 
+# The modules a notebook habitually imports, under their habitual names: an answer cell may use
+# them without importing them itself, as a student's own `import math` cell (which grading does not
+# run: only answer cells run) made them there (red team 45c, A05a). Each is already imported by this
+# process before any student code: giving the name runs nothing. A name the set-up cell defines
+# keeps the set-up cell's value.
+NOTEBOOK_MODULES = {"math": "math", "np": "numpy", "numpy": "numpy", "torch": "torch", "nn": "torch.nn",
+                    "F": "torch.nn.functional", "plt": "matplotlib.pyplot", "copy": "copy", "random": "random",
+                    "time": "time"}
+
+
+def notebook_modules() -> dict:
+    """NOTEBOOK_MODULES's names and modules, those this process imported (matplotlib may be missing)."""
+    return {name: sys.modules[module] for name, module in NOTEBOOK_MODULES.items() if module in sys.modules}
+
 
 def rng_state() -> tuple:
     import random
@@ -123,12 +145,14 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
         answers = {"__name__": "__main__"}
         exec(compile(job["setup"], "<set-up cell>", "exec"), answers)
         answers.update(NOTEBOOK_HABITS)
+        for name, module in notebook_modules().items():
+            answers.setdefault(name, module)
         random_state = rng_state()  # as the set-up cell left it
         forbid_threads(guard_fd)
         for cell_id, source in part["cells"]:
             error = run_cell(source, f"<your cell {cell_id}>", answers)
             if error:
-                stopped.append(f"your cell {cell_id} stopped with {error}")
+                stopped.append(f"your cell {cell_id} raised {error}")
         tests.update({name: answers[name] for name in part["names"] if name in answers})
         set_rng_state(random_state)  # the tests draw the same numbers whatever the answers drew
         grading._observations = observations
@@ -171,7 +195,9 @@ def end_the_others() -> None:
                     pass
 
 
-RECORD_BYTES = 64 * 2**20  # the most read of one part's record
+# The most a student's run writes of records, all parts together (the sandbox reads 60 MB of the
+# result pipe, grader/sandbox.py): a part whose record would take them past it is refused.
+RESULT_BYTES = 48 * 2**20
 
 
 class GraderFailure(Exception):
@@ -190,7 +216,7 @@ def grade_part(job: dict, part: dict) -> dict:
     os.close(write_fd)
     os.close(guard_write)
     deadline, chunks, size = time.monotonic() + 4 * job["timeout"], [], 0
-    while size <= RECORD_BYTES:
+    while size <= grading.RECORD_BYTES:  # one chunk past it at most
         ready, _, _ = select.select([read_fd], [], [], max(0.0, deadline - time.monotonic()))
         chunk = os.read(read_fd, 2**20) if ready else None
         if not chunk:
@@ -215,8 +241,12 @@ def grade_part(job: dict, part: dict) -> dict:
         raise GraderFailure(guard.decode(errors="replace"))
     if job.get("sandboxed"):
         end_the_others()
+    text = b"".join(chunks)
+    too_large = grading.record_problem(text)  # before parsing it: red team 45c, A06b
+    if too_large:
+        return refused(too_large)
     try:
-        record = json.loads(b"".join(chunks)) if size <= RECORD_BYTES else None
+        record = json.loads(text)
         if isinstance(record, dict) and isinstance(record.get("observations"), list):
             return {"observations": record["observations"], "stopped": record.get("stopped")}
     except (ValueError, RecursionError):
@@ -224,9 +254,13 @@ def grade_part(job: dict, part: dict) -> dict:
     cpu = os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL) and not timed_out
     reason = (f"did not finish within {job['timeout']} s of CPU time" if cpu
               else f"did not finish within {4 * job['timeout']} s" if timed_out
-              else f"wrote a record larger than {RECORD_BYTES // 2**20} MB" if size > RECORD_BYTES
               else "ended the process before the tests finished")
     return {"observations": [], "stopped": f"the tests of this part {reason}"}
+
+
+def refused(problem: str) -> dict:
+    """The record of a part whose own record is not read: `problem` says why; "refused" flags it."""
+    return {"observations": [], "stopped": f"the tests of this part {problem}", "refused": problem}
 
 
 BATCH_BYTES = 24 * 2**20  # a batch stops after the record that takes its records past this
@@ -261,10 +295,19 @@ def main() -> None:
         if "secrets" in job:  # the reference's batch: each secret's parts as a job of their own (batched)
             results = batched(job)
         else:
-            results = {part["test_id"]: grade_part(job, part) for part in job["parts"]}
+            results = [{part["test_id"]: grade_part(job, part) for part in job["parts"]}]
     except GraderFailure as error:
         sys.exit(f"grading refused: {error}")
-    print("RESULT " + json.dumps(results), flush=True)
+    written = 0
+    for number, records in enumerate(results):
+        for test_id, record in records.items():
+            text = json.dumps(record)
+            if written + len(text) > RESULT_BYTES and "secrets" not in job:  # a batch stops by itself (batched)
+                text = json.dumps(refused(f"wrote a record that took the parts' records past what the grader "
+                                          f"reads ({RESULT_BYTES // 2**20} MB in all)"))
+            written += len(text)
+            print(f"RECORD\t{json.dumps([number, test_id])}\t{text}")
+    print(f"RESULT {len(results)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ job, starts the sandbox, and reads back what came out of it, as data.
     hidden_test_job(source, submission, secret, timeout, reference=False) -> the job of grader/hidden_tests.py
     run_hidden_tests(folder, job, sandbox, timeout, library=None) -> (record of each part, None) or (None, why not)
     run_references(folder, job, secrets, sandbox, timeout) -> ([record of each part, per secret], None) or (None, why not)
+    read_records(output, job) -> (records, None) or (None, why not)   # grader/hidden_tests.py output
 
 1. The feedback run: the submitted notebook runs under nbgrader against the *release* (visible
    tests only), in a copy of a course that holds nothing but the release (`template_course`), so
@@ -42,6 +43,7 @@ from grader.notebooks import grade_id, json_data, parse_notebook, part_of, sourc
 from grader.review_flags import PARSING, not_parsed  # one lock: ast.parse is not thread-safe in 3.11
 from grader.student_copy import CHECKS_WITH_EXPECTED, student_copy, without_expected  # noqa: F401
 from grader.withheld import declared
+from mpcourse.grading import record_problem
 
 HIDDEN_TESTS = Path(__file__).resolve().parent / "hidden_tests.py"  # copied, alone, into its sandbox
 
@@ -310,13 +312,57 @@ def run_hidden_tests(folder: Path, job: dict, sandbox: bool, timeout: int,
     run = run_sandboxed(["/bin/sh", "-c", 'exec env PYTHONHASHSEED=0 python "$GRADING/hidden_tests.py" - >&3 3>&-'], folder=folder,
                         limits=hidden_test_limits(parts, timeout), sandbox=sandbox, library=library,
                         stdin=json.dumps({**job, "sandboxed": sandbox}).encode())
-    line = run.result.decode(errors="replace").strip().rsplit("\n", 1)[-1] if run.returncode == 0 else ""
-    if not line.startswith("RESULT "):
+    if run.returncode != 0 or not run.result[-200:].rstrip().rsplit(b"\n", 1)[-1].startswith(b"RESULT "):
         return None, ("ran out of time" if run.killed else f"failed: {(run.stderr or run.stdout)[-500:]}")
+    return read_records(run.result, job)
+
+
+def read_records(output: bytes, job: dict) -> tuple[dict | list | None, str | None]:
+    """(the records grader/hidden_tests.py wrote for `job`, None), or (None, "sent back a damaged
+    record"): {test_id: record} (a batch: one such per secret run, in their order). Each part's record
+    is a line of its own, and its size is checked before it is parsed (mpcourse.grading.record_problem):
+    one too large to read costs that part only (red team 45c, A06b), as the sandbox's runner also does,
+    and the grader's own memory stays bounded whatever the sandbox sent."""
+    lines = output.split(b"\n")  # copies the output once; each line is then read alone
+    while lines and not lines[-1].strip():
+        lines.pop()
     try:
-        return json_data(line.removeprefix("RESULT ")), None
-    except (ValueError, RecursionError):
+        count = int(lines[-1][7:19]) if lines and lines[-1].startswith(b"RESULT ") else 0
+    except ValueError:
         return None, "sent back a damaged record"
+    wanted = [part["test_id"] for part in job["parts"]]
+    if not 1 <= count <= len(job.get("secrets") or [job["secret"]]):
+        return None, "sent back a damaged record"
+    found: list[dict] = [{} for _ in range(count)]
+    for line in lines[:-1]:
+        tab = line.find(b"\t", 7, 1000)
+        if not line.startswith(b"RECORD\t") or tab < 0:
+            continue
+        try:
+            number, test_id = json.loads(line[7:tab])
+        except (ValueError, TypeError):
+            continue
+        if isinstance(number, int) and 0 <= number < count and isinstance(test_id, str) and test_id in wanted \
+                and test_id not in found[number]:
+            found[number][test_id] = part_record(line[tab + 1:])
+    if any(len(records) != len(wanted) for records in found):
+        return None, "sent back a damaged record"
+    return (found if "secrets" in job else found[0]), None
+
+
+def part_record(text: bytes) -> dict:
+    """One part's record from its JSON `text`, read only if its size allows (record_problem)."""
+    problem = record_problem(text)
+    if problem:
+        return {"observations": [], "stopped": f"the tests of this part {problem}", "refused": problem}
+    try:
+        record = json_data(text.decode(errors="replace"))
+    except (ValueError, RecursionError):
+        record = None
+    if not (isinstance(record, dict) and isinstance(record.get("observations"), list)):
+        return {"observations": [], "stopped": "the tests of this part sent back a damaged record"}
+    refused = {"refused": str(record["refused"])[:300]} if record.get("refused") else {}
+    return {"observations": record["observations"], "stopped": record.get("stopped"), **refused}
 
 
 def run_references(folder: Path, job: dict, secrets: list[str], sandbox: bool,

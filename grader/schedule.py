@@ -41,8 +41,8 @@ from grader import sandbox as sandboxing
 from grader.feedback import hidden_test_lines, seeds_of
 from grader.gradebook import (db_url, graded_students, instructor_secret, record, register, registered, submitters,
                               without_password)
-from grader.notebooks import (grade_id, normalised, read_notebook, read_submission, recovered, renamed_note,
-                              submitted_name)
+from grader.notebooks import (grade_id, normalised, part_of, read_notebook, read_submission, recovered,
+                              renamed_note, submitted_name)
 from grader.review_flags import review_flags
 from grader.withheld import declared, library_copy
 from grader.runs import (BrokenEnvironment, NoSandbox, environment_problem, hidden_test_job,  # noqa: F401
@@ -270,6 +270,10 @@ def grade_student(course, assignment, student, template, source, release, secret
             records[who], problem = run_hidden_tests(Path(scratch) / who, job, sandbox, timeout, library[who])
             if problem:
                 return None, ran, f"the hidden-test runner ({who}) {problem}", note, flags
+        for test_id, record in records["student"].items():  # a record too large to read (runs.read_records)
+            if record.get("refused"):
+                flags[part_of(test_id)] = sorted({*flags.get(part_of(test_id), []), "made the part's record unreadable: "
+                                                  + str(record["refused"])})
         try:
             return judge.judge(records["reference"], records["student"]), ran, None, note, flags
         except judge.ReferenceProblem as error:

@@ -509,6 +509,26 @@ def shown_data(record, width: int = 80) -> str:
     return text if len(text) <= width else text[:width - 5] + " ...>"
 
 
+# The most of one part's record (JSON) that the grader reads (grader/hidden_tests.py in the sandbox,
+# grader/runs.py in the grader's own process), checked before it is parsed: a parse costs memory in
+# proportion to the values, up to ~30 bytes a byte of JSON (20 MB of nested empty lists took the
+# grader's process to 2 GB: red team 45c, A06b). The solutions' records measured: at most 4.1 MB
+# (ex8 Part 2's reference; a student's 2.0 MB) and 13,042 values (ex7 Part 2's reference).
+RECORD_BYTES = 16 * 2**20
+RECORD_VALUES = 250_000
+
+
+def record_problem(text: bytes) -> str | None:
+    """Why the grader does not read a part's record, `text` (its JSON), or None: more bytes than
+    RECORD_BYTES, or more values than RECORD_VALUES (counted, without parsing, as the text's `[`, `{`,
+    `,` and `:`, at least one per value or key beyond the first)."""
+    if len(text) > RECORD_BYTES:
+        return f"wrote a record larger than the grader reads ({RECORD_BYTES // 2**20} MB)"
+    if sum(text.count(mark) for mark in (b"[", b"{", b",", b":")) > RECORD_VALUES:
+        return f"wrote a record of more values than the grader reads ({RECORD_VALUES:,})"
+    return None
+
+
 # This module's own functions, as defined: a test cell also fails if one of them was replaced.
 _OWN_FUNCTIONS = {name: globals()[name] for name in
                   ["start", "passed", "summary", "own_work", "assert_close", "assert_equal", "matches_reference", "raises", "call_text", "_shown",

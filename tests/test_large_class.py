@@ -427,3 +427,20 @@ def test_one_reference_run_per_worker_and_a_failed_one_leaves_its_students_runs_
     verdicts, _, problem, _, _ = grade(stopped)
     assert verdicts is None and "the instructor's reference solution fails its own tests" in problem
     assert "only on this secret" in problem
+
+
+@needs_sandbox
+def test_a_part_whose_record_is_too_large_to_read_is_flagged_and_costs_that_part_only(tmp_path):
+    """Red team 45c, A06b: an answer that inflates its part's record (900,000 nested empty lists, 20 MB)
+    loses that part, with the reason in its feedback and a review flag; its other parts are graded."""
+    inflate = ("\n_unit = []\nfor _ in range(9):\n    _unit = [_unit]\n_sent = []\n_own = naive_softmax\n\n\n"
+               "def naive_softmax(x, dim=-1):\n    if not _sent:\n        _sent.append(1)\n"
+               "        grading._observations.extend([_unit] * 900_000)\n    return _own(x, dim)\n")
+    cells = fabricate.solution_cells(ASSIGNMENT)
+    course = course_of(tmp_path / "course", {"inflated": {**cells, "p1_solution": cells["p1_solution"] + inflate}})
+    report = rehearsal.grade_all(course, ASSIGNMENT, timeout=30, workers=1, feedback=False)
+    assert not report.not_graded, report.not_graded
+    graded = gradebook.scores(course, ASSIGNMENT)["inflated"]
+    assert graded == {**points(), "p1_tests": 0.0}, graded
+    assert report.flags["inflated"]["p1"] == ["made the part's record unreadable: wrote a record larger than the "
+                                              "grader reads (16 MB)"], report.flags

@@ -21,9 +21,9 @@ def record(job: dict, folder) -> dict:
     result = subprocess.run([sys.executable, str(ROOT / "grader" / "hidden_tests.py"), "-"], input=json.dumps(job),
                             capture_output=True, text=True, cwd=folder,
                             env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **THREADS})
-    line = result.stdout.strip().rsplit("\n", 1)[-1]
-    assert line.startswith("RESULT "), result.stderr[-2000:]
-    return json.loads(line.removeprefix("RESULT "))
+    records, problem = runs.read_records(result.stdout.encode(), job)
+    assert problem is None and result.returncode == 0, (problem, result.stderr[-2000:])
+    return records
 
 
 @functools.cache

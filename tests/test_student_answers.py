@@ -95,9 +95,9 @@ def runner(job: dict, library: Path | None = None) -> dict:
     result = subprocess.run([sys.executable, str(ROOT / "grader" / "hidden_tests.py"), "-"], input=json.dumps(job),
                             capture_output=True, text=True, cwd=tempfile.gettempdir(),
                             env={"PYTHONPATH": str(library or ROOT), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", **THREADS})
-    line = result.stdout.strip().rsplit("\n", 1)[-1]
-    assert line.startswith("RESULT "), result.stderr[-2000:]
-    return json.loads(line.removeprefix("RESULT "))
+    records, problem = runs.read_records(result.stdout.encode(), job)
+    assert problem is None and result.returncode == 0, (problem, result.stderr[-2000:])
+    return records
 
 
 # Every part whose task asks for errors on bad input (ex7's parts 2 and 3 ask for none).
@@ -258,7 +258,7 @@ def test_a_try_out_line_that_fails_outside_the_notebook_does_not_cost_a_later_pa
     # When the tests fail, the message says where the answer cell stopped
     verdict = run_job(SETUP, [["p1_solution", "print(run)\n"], ["p2_solution", mine]], test, ["save", "load"])
     assert not verdict["passed"]
-    assert verdict["message"].startswith("your cell p1_solution stopped with NameError: name 'run' is not defined")
+    assert verdict["message"].startswith("your cell p1_solution raised NameError: name 'run' is not defined")
     assert "name 'save' is not defined" in verdict["message"]
     # Red team 45c, A03d: a try-out line at the TOP of a cell leaves the functions below it defined
     verdict = run_job(SETUP, [["p1_solution", "print(run)\n" + earlier], ["p2_solution", mine]], test, ["save", "load"])
@@ -267,6 +267,125 @@ def test_a_try_out_line_that_fails_outside_the_notebook_does_not_cost_a_later_pa
     verdict = run_job(SETUP, [["p1_solution", earlier.replace("save(run, 'x.pt')", "raise SystemExit")],
                               ["p2_solution", mine]], test, ["save", "load"])
     assert not verdict["passed"]
+
+
+def test_modules_a_notebook_habitually_imports_reach_the_answer_cells_not_the_students_other_cells():
+    """Red team 45c, A05a: `import math` in a cell of the student's own (grading runs answer cells
+    only) made Part 3's `math.isfinite` a NameError: 0 of 2 for a right answer."""
+    answer = "def f(x):\n    return math.sqrt(x) + np.float64(1) + float(F.relu(torch.tensor(-1.0))) + copy.copy(2)\n"
+    assert run_job("import torch\n", [["p2_solution", answer]], "assert f(4.0) == 5.0\n", ["f"])["passed"]
+    # the set-up cell's own binding of a habitual name wins
+    setup = "import torch\nF = 'from the set-up cell'\n"
+    assert run_job(setup, [["p2_solution", "def f():\n    return F\n"]], "assert f() == 'from the set-up cell'\n",
+                   ["f"])["passed"]
+    # ex1 end to end: the set-up cell imports no math
+    solution = fabricate.solution_cells("ex1_precision_comparison")["p3_solution"]
+    answer = solution.replace("np.all(np.isfinite(n)) and np.all(np.isfinite(e))",
+                              "all(math.isfinite(v) for v in n) and all(math.isfinite(v) for v in e)").replace("np.exp(", "math.exp(")
+    assert "math.isfinite" in answer and "math.exp(" in answer
+    verdicts, _ = run("ex1_precision_comparison", {"p3_solution": answer}, only="p3")
+    assert verdicts["p3_tests"]["passed"], verdicts["p3_tests"]
+    # The student's own cells still never run: only the answer cells go into the job
+    source = notebooks.read_notebook(ROOT / "solutions" / "ex1_precision_comparison" / "ex1_precision_comparison.ipynb")
+    submission = json.loads(json.dumps(source))
+    own = "import math\nimport os\nos.system('touch /tmp/own-cell-ran')\ndef helper(x):\n    return x\n"
+    submission["cells"].insert(1, {"cell_type": "code", "metadata": {}, "source": own, "outputs": [], "execution_count": None})
+    job = runs.hidden_test_job(source, submission, SECRET, 60)
+    assert all(own not in text and "own-cell-ran" not in text for part in job["parts"] for _, text in part["cells"])
+    verdict = run_job("import torch\n", [["p2_solution", "def f(x):\n    return helper(x)\n"]], "assert f(1) == 1\n", ["f"])
+    assert not verdict["passed"] and "name 'helper' is not defined" in verdict["message"]
+
+
+# --- red team 45c, A06b: a record inflated to be parsed in the grader's own process -----------------
+
+NESTED = "[[[[[[[[[[]]]]]]]]]]"  # 20 bytes of JSON, ten lists once parsed: ~30 bytes of memory a byte
+INFLATE = ("_unit = []\nfor _ in range(9):\n    _unit = [_unit]\n"
+           "grading._observations.extend([_unit] * {count})\n")
+
+
+def inflated_job(count: int) -> dict:
+    """A part whose tests add `count` nested empty lists to the record (as an answer can: red team
+    45c, A06b), beside an honest part."""
+    test = "grading.assert_close(f(), 1.0, what='f()')\n"
+    return {"secret": SECRET, "timeout": 60, "setup": SETUP + "from mpcourse import grading\n",
+            "parts": [{"test_id": "p1_tests", "cells": [["p1_solution", "def f():\n    return 1.0\n"]], "names": ["f"],
+                       "test": test + INFLATE.format(count=count)},
+                      {"test_id": "p2_tests", "cells": [["p2_solution", "def f():\n    return 1.0\n"]], "names": ["f"],
+                       "test": test}]}
+
+
+def peak_of(call):
+    """(what `call()` returns, the peak of Python's allocations during it, in bytes: tracemalloc)."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        return call(), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_record_inflated_past_what_the_tests_need_is_refused_for_its_part_only(tmp_path):
+    """900,000 nested empty lists (20 MB of JSON: under the sandbox's limits) took the grader's own
+    process to 2 GB as it parsed the record. Now each part's record is a line of its own, refused
+    unread past mpcourse.grading.RECORD_BYTES or RECORD_VALUES (what the solutions write, with a wide
+    margin): that part fails, says why, and is flagged; the other parts are graded; the grader's
+    memory stays in proportion to what it reads."""
+    from grader import sandbox
+    job = inflated_job(900_000)
+    records, peak = peak_of(lambda: runs.run_hidden_tests(tmp_path / "run", job, sandbox.problem() is None, 60))
+    records, problem = records
+    assert problem is None, problem
+    assert records["p1_tests"]["stopped"] == "the tests of this part wrote a record larger than the grader reads (16 MB)"
+    assert records["p1_tests"]["refused"] and records["p1_tests"]["observations"] == []
+    assert records["p2_tests"]["stopped"] is None and len(records["p2_tests"]["observations"]) == 1
+    assert peak < 8 * 2**20, peak  # parsed, the 20 MB took ~600 MB of Python objects
+    verdicts = judge.judge({"p1_tests": records["p2_tests"], "p2_tests": records["p2_tests"]}, records)
+    assert verdicts["p1_tests"] == {"passed": False, "message": records["p1_tests"]["stopped"]}
+    assert verdicts["p2_tests"]["passed"]
+    # Under the bytes, past the values: 600,000 lists of 10 (11 marks each) in 12 MB
+    records = runs.run_hidden_tests(tmp_path / "run2", inflated_job(600_000), sandbox.problem() is None, 60)[0]
+    assert records["p1_tests"]["stopped"] == "the tests of this part wrote a record of more values than the grader reads (250,000)"
+
+
+def test_a_students_records_together_stop_before_the_result_pipe_is_full():
+    """Records each under the bounds, together past the 60 MB the sandbox reads of its result pipe,
+    would lose every part (no RESULT line): the part that takes them past 48 MB is refused instead."""
+    test = "grading._observations.append('x' * 14_000_000)\n"
+    job = {"secret": SECRET, "timeout": 60, "setup": SETUP + "from mpcourse import grading\n",
+           "parts": [{"test_id": f"p{n}_tests", "cells": [], "names": [], "test": test} for n in (1, 2, 3, 4)]}
+    records = runner(job)
+    assert [len(records[f"p{n}_tests"]["observations"]) for n in (1, 2, 3, 4)] == [1, 1, 1, 0]
+    assert records["p4_tests"]["stopped"] == ("the tests of this part wrote a record that took the parts' records "
+                                              "past what the grader reads (48 MB in all)")
+
+
+def test_the_grader_reads_no_record_past_its_bounds_whatever_the_runner_sent():
+    """The sandbox's runner refuses such a record itself; a runner that did not (its output is data,
+    not trusted) gets the same answer from the grader's own process, part by part, and the grader's
+    memory stays bounded."""
+    job = {"secret": SECRET, "parts": [{"test_id": f"p{n}_tests"} for n in (1, 2, 3, 4)]}
+    honest = json.dumps({"observations": [{"check": "close", "actual": {"float": "0x1.0p+0"}}], "stopped": None})
+    bombs = {"p1_tests": '{"observations": [' + ",".join([NESTED] * 900_000) + '], "stopped": null}',
+             "p2_tests": '{"observations": [' + ",".join(["[]"] * 300_000) + '], "stopped": null}',
+             "p3_tests": '{"observations": [' + "[" * 100_000 + "]" * 100_000 + '], "stopped": null}'}
+    output = "".join(f"RECORD\t{json.dumps([0, t])}\t{bombs.get(t, honest)}\n"
+                     for t in ("p1_tests", "p2_tests", "p3_tests", "p4_tests")) + "RESULT 1\n"
+    output = output.encode()
+    (records, problem), peak = peak_of(lambda: runs.read_records(output, job))
+    assert problem is None
+    assert records["p1_tests"]["stopped"].endswith("wrote a record larger than the grader reads (16 MB)")
+    assert records["p2_tests"]["stopped"].endswith("wrote a record of more values than the grader reads (250,000)")
+    assert records["p3_tests"]["stopped"] == "the tests of this part sent back a damaged record"  # too deep
+    assert all(records[t]["refused"] for t in ("p1_tests", "p2_tests"))
+    assert records["p4_tests"] == json.loads(honest)
+    assert peak < 3 * len(output), (peak, len(output))  # its lines, not their objects (parsed: ~30x)
+    # a line the job did not ask for, a second record of a part, a missing part
+    extra = f"RECORD\t{json.dumps([1, 'p1_tests'])}\t{NESTED}\nRECORD\t[0, \"p4_tests\"]\t{{}}\n".encode()
+    assert runs.read_records(extra + output, job)[0]["p4_tests"] == {
+        "observations": [], "stopped": "the tests of this part sent back a damaged record"}
+    assert runs.read_records(output.replace(b"p4_tests", b"p5_tests"), job) == (None, "sent back a damaged record")
+    for damaged in (b"RESULT 2\n", b"", output.replace(b"RESULT 1", b"1")):
+        assert runs.read_records(damaged, job) == (None, "sent back a damaged record")
 
 
 # --- issue 45: the course library, reached where the own-work watcher does not look -------------
