@@ -571,8 +571,9 @@ def _select_cuda(profile: DeviceProfile, allow_fp8: bool) -> PrecisionChoice:
     if cap >= (7, 0):
         reasons += ["No BF16 tensor cores (they start at 8.0, Ampere). FP16 tensor cores on 7.0 "
                     "(Volta) and on 7.5's data-centre and RTX parts (Turing: T4, RTX 20 series); "
-                    "the GTX 16 series (also 7.5) has none, but runs FP16 at twice its FP32 rate, "
-                    "so FP16 there too.",
+                    "the GTX 16 series (also 7.5) has none and gets FP16 only because its "
+                    "capability cannot tell it from a T4: there FP16 saves memory, and whether it "
+                    "saves time must be measured.",
                     f"FP16 autocast with dynamic loss scaling: in FP16, gradients at or below "
                     f"2^{int(math.log2(FP16.min_subnormal)) - 1} round to zero (2^-25 itself is a "
                     f"tie, rounded to the even neighbour 0) and those below "

@@ -300,6 +300,8 @@ def test_select_precision_does_not_promise_fp16_tensor_cores_to_every_7_5_gpu():
     # capability 7.5 covers the GTX 16 series, which has no tensor cores: the reason must say so
     reasons = " ".join(select_precision(capability=(7, 5)).reasons)
     assert "GTX 16" in reasons and "none" in reasons
+    # ... and not pass the proxy's accident off as a reason (the P100, also without tensor cores, gets FP32)
+    assert "cannot tell it from a T4" in reasons and "so FP16 there too" not in reasons
     assert "but FP16 ones (7.0 Volta, 7.5 Turing)" not in reasons
 
 
