@@ -606,7 +606,8 @@ def _round_by_gaps(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: b
 
 @functools.lru_cache(maxsize=None)
 def _agrees_on(method: str, fmt: FloatFormat, rounding: str, device: torch.device,
-               from_float64: bool) -> bool:
+               from_float64: bool, denormals_flushed: bool = False) -> bool:
+    # denormals_flushed is only part of the cache key: the check runs in the state it names.
     dtype = torch.float64 if from_float64 else torch.float32
     x = _probe_inputs(fmt, dtype).to(device)
     for saturate in (False, True):
@@ -629,11 +630,20 @@ def _fast_path_agrees(method: str, fmt: FloatFormat, rounding: str, device: torc
                       from_float64: bool) -> bool:
     """Whether a fast path (``"cast"``, ``"gaps"``) gives, on this kind of device, the bit-level
     algorithm's numbers on every probe input (:func:`_probe_inputs`). Checked once per path,
-    format, rounding, device and input width; where it does not agree, round_to keeps the
-    bit-level path."""
+    format, rounding, device, input width and, on a CPU, state of ``torch.set_flush_denormal``
+    (with it on, float arithmetic reads float32 subnormals as zero: the "gaps" path then gives
+    NaN for them); where it does not agree, round_to keeps the bit-level path."""
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return _agrees_on(method, fmt, rounding, device, from_float64)
+    return _agrees_on(method, fmt, rounding, device, from_float64,
+                      device.type == "cpu" and _denormals_flushed())
+
+
+def _denormals_flushed() -> bool:
+    """Whether this thread's CPU float arithmetic flushes subnormals (``torch.set_flush_denormal``;
+    torch has no getter): twice the smallest float32 subnormal comes out as zero bits."""
+    tiny = torch.tensor(2.0**-149, dtype=torch.float32) * 2.0
+    return int(tiny.view(torch.int32)) == 0
 
 
 def round_scalar(value: float, fmt, *, rounding: str = "nearest_even", saturate: bool = False,

@@ -383,3 +383,24 @@ def test_no_format_is_special_cased_by_name():
     twin = dataclasses.replace(E4M3, name="my_fp8", aliases=())
     x = random_inputs(10_000)
     assert np.all(same(round_to(x, twin), round_to(x, E4M3)))
+
+
+@pytest.mark.parametrize("fmt,rounding", [(BF16, "toward_zero"), (BF16, "stochastic"), (TF32, "nearest_even"),
+                                          (FP32, "toward_zero"), (FP32, "stochastic")])
+def test_auto_route_rechecks_after_set_flush_denormal(fmt, rounding):
+    # The fast-path check is cached; it used to be keyed without the CPU's flush-denormal state,
+    # so a check passed with it off kept "gaps" after torch.set_flush_denormal(True): NaN for
+    # float32 subnormals. Compare bit patterns (printing would flush them too).
+    x = torch.tensor([3e-39, -2e-39, 2.0**-149, 1e-5, -3.0])
+    def draws():
+        return torch.Generator().manual_seed(0) if rounding == "stochastic" else None
+    round_to(x, fmt, rounding=rounding, generator=draws())  # the check, cached with flushing off
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        auto = round_to(x, fmt, rounding=rounding, generator=draws())
+        bits = round_to(x, fmt, rounding=rounding, generator=draws(), method="bits")
+    finally:
+        torch.set_flush_denormal(False)
+    assert torch.equal(auto.view(torch.int32), bits.view(torch.int32))
+    assert not auto.isnan().any()
