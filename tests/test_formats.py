@@ -404,3 +404,21 @@ def test_auto_route_rechecks_after_set_flush_denormal(fmt, rounding):
         torch.set_flush_denormal(False)
     assert torch.equal(auto.view(torch.int32), bits.view(torch.int32))
     assert not auto.isnan().any()
+
+
+def test_bit_level_route_reads_float32_subnormals_with_flush_denormal_on():
+    # E8M0's carrier is float64; the float32 -> float64 cast reads subnormals as zero when the CPU
+    # flushes denormals, and E8M0, which has no zero, gave NaN. Build the inputs from their bits
+    # (creating them from Python floats would flush them too).
+    x = torch.tensor([0x00200000, 0x00600000, 0x00000001, -0x7FA00000], dtype=torch.int32).view(torch.float32)
+    expected = round_to(x.abs(), E8M0, method="bits")
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        flushed = round_to(x.abs(), E8M0, method="bits")
+        default = round_to(x.abs(), E8M0)
+    finally:
+        torch.set_flush_denormal(False)
+    assert not expected.isnan().any()
+    assert torch.equal(flushed.view(torch.int32), expected.view(torch.int32))
+    assert torch.equal(default.view(torch.int32), expected.view(torch.int32))
