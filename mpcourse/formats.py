@@ -266,7 +266,7 @@ def _round_magnitudes(a, c: _Carrier, fmt: FloatFormat, rounding: str, uniform):
 def _round_tensor(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: bool, uniform):
     """round_to for a floating torch tensor: returns float32 on the same device."""
     c = _carrier_for(x.dtype, fmt)
-    x = x.detach().to(c.dtype).contiguous()
+    x = _widened(x.detach(), c.dtype).contiguous()
     bits = x.view(c.int_dtype)
     sign_bit = torch.ones((), dtype=c.int_dtype, device=x.device) << (8 * x.element_size() - 1)
     negative = bits < 0
@@ -298,7 +298,34 @@ def _round_tensor(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: bo
     if not fmt.has_zero:
         invalid = invalid | is_zero
     out = torch.where(invalid, nan_bits, out)
-    return out.view(c.dtype).to(torch.float32)
+    return _narrowed(out.view(c.dtype))
+
+
+def _widened(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)``, but float32 subnormals reach float64 also when the CPU flushes denormals
+    (``torch.set_flush_denormal(True)`` makes the cast read them as zero): there they are built
+    as their integer significand times 2**-149, from operands and a product that are float64 normals."""
+    if dtype != torch.float64 or x.dtype not in (torch.float32, torch.bfloat16):
+        return x.to(dtype)
+    x = x.to(torch.float32)  # bfloat16 to float32 moves bits only
+    bits = x.view(torch.int32)
+    magnitude = bits & 0x7FFFFFFF
+    subnormal = (magnitude > 0) & (magnitude < 0x00800000)
+    tiny = magnitude.to(torch.float64) * 2.0**-149
+    return torch.where(subnormal, torch.where(bits < 0, -tiny, tiny), x.to(torch.float64))
+
+
+def _narrowed(y: torch.Tensor) -> torch.Tensor:
+    """``y.to(torch.float32)`` for values float32 holds exactly, float32 subnormals included also
+    when the CPU flushes denormals: their bits are their significand, ``|y| * 2**149``."""
+    if y.dtype != torch.float64:
+        return y.to(torch.float32)
+    a = y.abs()
+    subnormal = (a > 0) & (a < 2.0**-126)
+    significand = (a * 2.0**149).to(torch.int32)
+    sign = torch.tensor(-2**31, dtype=torch.int32, device=y.device)
+    bits = torch.where(y < 0, significand | sign, significand)
+    return torch.where(subnormal, bits, y.to(torch.float32).view(torch.int32)).view(torch.float32)
 
 
 def _check_rounding(rounding, generator, kind, kind_name):
@@ -606,7 +633,8 @@ def _round_by_gaps(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: b
 
 @functools.lru_cache(maxsize=None)
 def _agrees_on(method: str, fmt: FloatFormat, rounding: str, device: torch.device,
-               from_float64: bool) -> bool:
+               from_float64: bool, denormals_flushed: bool = False) -> bool:
+    # denormals_flushed is only part of the cache key: the check runs in the state it names.
     dtype = torch.float64 if from_float64 else torch.float32
     x = _probe_inputs(fmt, dtype).to(device)
     for saturate in (False, True):
@@ -629,11 +657,20 @@ def _fast_path_agrees(method: str, fmt: FloatFormat, rounding: str, device: torc
                       from_float64: bool) -> bool:
     """Whether a fast path (``"cast"``, ``"gaps"``) gives, on this kind of device, the bit-level
     algorithm's numbers on every probe input (:func:`_probe_inputs`). Checked once per path,
-    format, rounding, device and input width; where it does not agree, round_to keeps the
-    bit-level path."""
+    format, rounding, device, input width and, on a CPU, state of ``torch.set_flush_denormal``
+    (with it on, float arithmetic reads float32 subnormals as zero: the "gaps" path then gives
+    NaN for them); where it does not agree, round_to keeps the bit-level path."""
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return _agrees_on(method, fmt, rounding, device, from_float64)
+    return _agrees_on(method, fmt, rounding, device, from_float64,
+                      device.type == "cpu" and _denormals_flushed())
+
+
+def _denormals_flushed() -> bool:
+    """Whether this thread's CPU float arithmetic flushes subnormals (``torch.set_flush_denormal``;
+    torch has no getter): twice the smallest float32 subnormal comes out as zero bits."""
+    tiny = torch.tensor(2.0**-149, dtype=torch.float32) * 2.0
+    return int(tiny.view(torch.int32)) == 0
 
 
 def round_scalar(value: float, fmt, *, rounding: str = "nearest_even", saturate: bool = False,

@@ -383,3 +383,42 @@ def test_no_format_is_special_cased_by_name():
     twin = dataclasses.replace(E4M3, name="my_fp8", aliases=())
     x = random_inputs(10_000)
     assert np.all(same(round_to(x, twin), round_to(x, E4M3)))
+
+
+@pytest.mark.parametrize("fmt,rounding", [(BF16, "toward_zero"), (BF16, "stochastic"), (TF32, "nearest_even"),
+                                          (FP32, "toward_zero"), (FP32, "stochastic")])
+def test_auto_route_rechecks_after_set_flush_denormal(fmt, rounding):
+    # The fast-path check is cached; it used to be keyed without the CPU's flush-denormal state,
+    # so a check passed with it off kept "gaps" after torch.set_flush_denormal(True): NaN for
+    # float32 subnormals. Compare bit patterns (printing would flush them too).
+    x = torch.tensor([3e-39, -2e-39, 2.0**-149, 1e-5, -3.0])
+    def draws():
+        return torch.Generator().manual_seed(0) if rounding == "stochastic" else None
+    round_to(x, fmt, rounding=rounding, generator=draws())  # the check, cached with flushing off
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        auto = round_to(x, fmt, rounding=rounding, generator=draws())
+        bits = round_to(x, fmt, rounding=rounding, generator=draws(), method="bits")
+    finally:
+        torch.set_flush_denormal(False)
+    assert torch.equal(auto.view(torch.int32), bits.view(torch.int32))
+    assert not auto.isnan().any()
+
+
+def test_bit_level_route_reads_float32_subnormals_with_flush_denormal_on():
+    # E8M0's carrier is float64; the float32 -> float64 cast reads subnormals as zero when the CPU
+    # flushes denormals, and E8M0, which has no zero, gave NaN. Build the inputs from their bits
+    # (creating them from Python floats would flush them too).
+    x = torch.tensor([0x00200000, 0x00600000, 0x00000001, -0x7FA00000], dtype=torch.int32).view(torch.float32)
+    expected = round_to(x.abs(), E8M0, method="bits")
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        flushed = round_to(x.abs(), E8M0, method="bits")
+        default = round_to(x.abs(), E8M0)
+    finally:
+        torch.set_flush_denormal(False)
+    assert not expected.isnan().any()
+    assert torch.equal(flushed.view(torch.int32), expected.view(torch.int32))
+    assert torch.equal(default.view(torch.int32), expected.view(torch.int32))
