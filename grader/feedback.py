@@ -22,6 +22,11 @@ from grader.course import nbgrader
 from grader.notebooks import grade_id, normalised, source_text
 
 OUTPUT_CHARS = 1_000_000          # the feedback's outputs, all cells together
+# The student's own text in the feedback page: nbgrader renders it outside every sandbox and limit,
+# and 10 MB of Markdown (`*_*_...`) took its renderer past 3.9 GB (red team 45d, A04). The released
+# notebooks' largest cell holds 8,452 characters, the largest notebook 42,413.
+SOURCE_CHARS = 20_000             # one cell's source
+SOURCE_TOTAL = 300_000            # all cells' sources together
 MESSAGE_CHARS = 300               # a failure message in the feedback
 IMAGE = re.compile(r"^[A-Za-z0-9+/=\s]*$")
 
@@ -123,16 +128,25 @@ def capped(outputs: list[dict], budget: list[int]) -> list[dict]:
     return kept
 
 
+def cut(text: str, budget: list[int]) -> str:
+    """`text`, or its first SOURCE_CHARS characters (fewer once `budget`, the characters left for
+    the whole page, runs out) and a line saying how many more were not shown."""
+    keep = max(0, min(len(text), SOURCE_CHARS, budget[0]))
+    budget[0] -= keep
+    return text if keep == len(text) else (
+        f"{text[:keep]}\n\n(... {len(text) - keep:,} more characters, not shown in the feedback)")
+
+
 def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict) -> dict:
     """The notebook generate_feedback renders: inert, test cells as released plus the verdict of
     the hidden tests and what the visible tests printed or raised (`verdicts` hold safe messages)."""
     released = {grade_id(c): c for c in release["cells"] if grade_id(c)}
-    cells, budget = [], [OUTPUT_CHARS]
+    cells, budget, sources = [], [OUTPUT_CHARS], [SOURCE_TOTAL]
     for cell in normalised(ran, release)["cells"]:
         kind, gid = cell.get("cell_type"), grade_id(cell)
         metadata = {"nbgrader": cell["metadata"]["nbgrader"]} if gid else {}
         if kind == "markdown":
-            cells.append({"cell_type": "markdown", "metadata": metadata, "source": inert_markdown(source_text(cell))})
+            cells.append({"cell_type": "markdown", "metadata": metadata, "source": inert_markdown(cut(source_text(cell), sources))})
         elif kind == "code" and gid in points:
             verdict = verdicts.get(gid, {"passed": False, "message": "not graded"})
             shown = [o for o in safe_outputs(cell.get("outputs")) if o["output_type"] in ("stream", "error")]
@@ -145,7 +159,8 @@ def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict) ->
                                                                "text": f"{note}\n"}]})
         elif kind == "code":
             cells.append({"cell_type": "code", "metadata": metadata, "execution_count": None,
-                          "source": source_text(cell), "outputs": capped(safe_outputs(cell.get("outputs")), budget)})
+                          "source": cut(source_text(cell), sources),
+                          "outputs": capped(safe_outputs(cell.get("outputs")), budget)})
     return {"cells": cells, "metadata": {k: release["metadata"][k] for k in ("kernelspec", "language_info")
                                          if k in release.get("metadata", {})},
             "nbformat": 4, "nbformat_minor": 5}

@@ -170,10 +170,20 @@ def summary() -> None:
           "for every bad input). A tick here means the visible tests pass, not that the part will.")
 
 
+# Operations that compute a forbidden function inside one call of another name: attention is a
+# softmax (`F.scaled_dot_product_attention(q=0, k=0, v=I, attn_mask=x)` is softmax(x), red team 45d).
+COMPUTED_INSIDE = {"softmax": ("scaled_dot_product", "masked_softmax", "multi_head_attention", "softmin",
+                               "flash_attention", "efficient_attention", "cudnn_attention")}
+
+
 def _is_forbidden(name) -> bool:
-    """A forbidden name, or one of its other spellings: torch._softmax, torch.special.softmax
-    (whose __name__ is special_softmax)."""
-    return isinstance(name, str) and name.lstrip("_").removeprefix("special_") in _forbidden
+    """A forbidden name, one of its other spellings (torch._softmax, torch.special.softmax, whose
+    __name__ is special_softmax), or an operation that computes it inside (COMPUTED_INSIDE)."""
+    if not isinstance(name, str):
+        return False
+    bare = name.lstrip("_").removeprefix("special_")
+    return bare in _forbidden or any(inside in bare for forbidden in _forbidden
+                                     for inside in COMPUTED_INSIDE.get(forbidden, ()))
 
 
 def _torch_name(frame) -> str:

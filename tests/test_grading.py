@@ -137,11 +137,18 @@ def test_own_work_sees_a_watcher_switched_off_and_restored():
                                   lambda x: torch.special.softmax(x, 0),
                                   lambda x: torch._softmax(x, 0, False),
                                   lambda x: torch.ops.aten._softmax.default(x, 0, False),
-                                  lambda x: torch.ops.aten.softmax.int(x, 0)])
+                                  lambda x: torch.ops.aten.softmax.int(x, 0),
+                                  # attention computes a softmax under another name (red team 45d A01):
+                                  # softmax(x) = attention(q=0, k=0, v=I, mask=x)
+                                  lambda x: torch.nn.functional.scaled_dot_product_attention(
+                                      torch.zeros(1, 1, 3, 1), torch.zeros(1, 1, 3, 1), torch.eye(3)[None, None],
+                                      attn_mask=x.expand(3, 3)[None, None]),
+                                  lambda x: torch.nn.MultiheadAttention(1, 1)(x[:, None, None], x[:, None, None],
+                                                                               x[:, None, None])])
 def test_a_part_can_forbid_a_torch_function(call):
     grading.start("Part 9", forbidden=("softmax",))
     try:
-        with pytest.raises(AssertionError, match="softmax.*asks you not to use"):
+        with pytest.raises(AssertionError, match="(softmax|scaled_dot_product).*asks you not to use"):
             grading.own_work(call, torch.randn(3))
     finally:
         grading.start("Part 9")

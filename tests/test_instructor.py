@@ -136,6 +136,22 @@ def test_feedback_markdown_shows_inline_code_as_written_and_maths_as_text():
     assert not any(tag in page for tag in ("<script", "<img", "<b>", "<!--", "href")) and page.count("</p>") == 1
 
 
+def test_the_students_own_text_in_the_feedback_page_is_cut_to_a_bound():
+    """nbgrader renders the feedback page outside every sandbox: a 10 MB Markdown cell took it past
+    3.9 GB (red team 45d, A04). Each cell's source is cut, and all of them together."""
+    big_markdown = {"cell_type": "markdown", "metadata": {}, "source": "*_" * 5_000_000}
+    big_code = {"cell_type": "code", "metadata": {}, "source": "x = 1\n" * 100_000, "outputs": []}
+    small = {"cell_type": "markdown", "metadata": {}, "source": "A short note."}
+    release = {"cells": [], "metadata": {}}
+    ran = {"cells": [big_markdown, big_code, small] + [dict(big_code) for _ in range(20)] + [dict(small)]}
+    nb = feedback.feedback_notebook(ran, release, {}, {})
+    sources = ["".join(cell["source"]) for cell in nb["cells"]]
+    assert all(len(text) < feedback.SOURCE_CHARS + 200 for text in sources)
+    assert sum(map(len, sources)) < feedback.SOURCE_TOTAL + 200 * len(sources)
+    assert "more characters, not shown in the feedback" in sources[0] and "A short note." in sources[2]
+    assert "not shown" in sources[-1]  # past the page's budget even a short cell is cut
+
+
 def test_the_verdict_says_plainly_which_tests_passed_and_is_not_one_long_line():
     release = {"cells": [{"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "p1_tests", "grade": True,
                                                                           "points": 2}}, "source": "check()"}],
