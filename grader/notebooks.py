@@ -16,6 +16,11 @@ import stat
 from pathlib import Path
 
 NOTEBOOK_BYTES = 50 * 2**20      # the largest notebook read, submitted or run
+# JSON values a notebook may hold, counted before parsing as its `[`, `{`, `,` and `:` (a parsed
+# value costs ~300 bytes, copies included: 5.3 million empty lists in a cell's metadata, 16 MB,
+# took the grader's own process to 1.7 GB, red team 45d A07). The executed chapters hold under
+# 15,000; a million printed lines of output are a million.
+NOTEBOOK_VALUES = 2_000_000
 # In JSON text: an escaped backslash, a surrogate pair, or a lone surrogate (the one to replace).
 SURROGATE_ESCAPE = re.compile(r"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|"
                               r"(?P<lone>\\u[dD][89a-fA-F][0-9a-fA-F]{2})")
@@ -61,6 +66,10 @@ def part_of(test_or_solution_id: str) -> str:
 def parse_notebook(data: bytes) -> dict:
     if len(data) > NOTEBOOK_BYTES:
         raise ValueError(f"the notebook is larger than {NOTEBOOK_BYTES // 2**20} MB")
+    if sum(data.count(mark) for mark in (b"[", b"{", b",", b":")) > NOTEBOOK_VALUES:
+        raise ValueError(f"the notebook holds more than {NOTEBOOK_VALUES:,} JSON values, more than a "
+                         "notebook needs: clear its outputs (Jupyter: Edit, Clear Outputs of All Cells) "
+                         "and hand it in again")
     try:
         nb = json_data(data.decode(errors="replace").removeprefix("\ufeff"))  # a byte-order mark: Notepad's
     except RecursionError:

@@ -304,6 +304,13 @@ def test_malformed_submissions_are_refused_clearly_not_with_a_crash(tmp_path):
         bad["cells"][0][change[0]] = change[1]
         with pytest.raises(ValueError, match=re.escape(reason)):
             notebooks.parse_notebook(json.dumps(bad).encode())
+    # Red team 45d, A07: millions of empty lists in a cell's metadata are refused before parsing (they
+    # took the grader's own process to 1.7 GB); a million printed lines of output are read
+    bomb = json.dumps(good)[:-1] + ', "x": [' + "[]," * 2_100_000 + "[]]}"
+    with pytest.raises(ValueError, match="more than 2,000,000 JSON values"):
+        notebooks.parse_notebook(bomb.encode())
+    printed = {**cell, "outputs": [{"output_type": "stream", "name": "stdout", "text": ["x\n"] * 1_000_000}]}
+    assert len(notebooks.parse_notebook(json.dumps({**good, "cells": [printed]}).encode())["cells"][0]["outputs"][0]["text"]) == 1_000_000
 
 
 def test_the_template_course_holds_no_secret(tmp_path):
