@@ -250,3 +250,29 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
     for student in sorted(uploaders - set(students)):  # e.g. a notebook handed in zipped
         print(printable(f"  NOT COLLECTED {student}: uploaded files, none of them a notebook (see the skipped lines): "
                         "ask them for the .ipynb, or put it in submitted/ by hand"))
+    for student, files in sorted(refused_owners(archive, parse).items()):
+        if student not in students and student not in uploaders:
+            print(printable(f"  NOT COLLECTED {student}: their only notebook(s) were refused ({'; '.join(files)}): "
+                            f"if one is theirs, put it in submitted/{student}/{assignment}/{assignment}.ipynb by hand"))
+
+
+def refused_owners(archive: Path, parse) -> dict[str, list[str]]:
+    """{student: [why each notebook that reads as theirs was refused]}: a name that reads as more
+    than one student's upload, under the first student it names (red team 45d, A11: Canvas's
+    `smithann_1001_5001_hw_3_1_solution.ipynb` was skipped and its student left out of the summary), and a
+    notebook in a student's folder named as a classmate's upload, under the folder's student."""
+    owners = {}
+    for path in sorted(archive.rglob("*.ipynb")):
+        relative = path.relative_to(archive)
+        info = parse(relative)
+        if not info:
+            continue
+        if "claims" in info:
+            owners.setdefault(info["student_id"], []).append(f"{relative.as_posix()}: named as {info['claims']}'s upload")
+        elif "ambiguous" in info:
+            first = CANVAS.match(relative.name) if parse is canvas else MOODLE.match(relative.parts[0])
+            if first:
+                student = (f"{first['person'].lower()}_{first['user']}" if parse is canvas else moodle_student(first))
+                owners.setdefault(gradebook_id(student), []).append(
+                    f"{relative.as_posix()}: its name reads as more than one student's upload")
+    return owners

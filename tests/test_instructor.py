@@ -203,7 +203,9 @@ def collected(course: Path) -> dict[str, str]:
                 # red team 45b, A03: a classmate with the same name is another student (user id 654321)
                 f"doejane_654321_7890999_{ASSIGNMENT}.ipynb": "the other jane",
                 # red team 45c, A01: a Canvas name built to read as jane's later submission
-                f"doejane_123456_9999999_x_777_7890999_{ASSIGNMENT}.ipynb": "mallory as jane"},
+                f"doejane_123456_9999999_x_777_7890999_{ASSIGNMENT}.ipynb": "mallory as jane",
+                # red team 45d, A11: an honest file name that reads as two uploads: refused, and its student named
+                "smithann_1001_5001_hw_3_1_solution.ipynb": "ann's only notebook"},
      {"doejane_123456": "jane latest", "doejane_654321": "the other jane", "smithomar_223344": "omar only",
       "müllerjürgen_112": "jürgen"}),
     ("moodle", {f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT}.ipynb": "jane first",
@@ -231,9 +233,13 @@ def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, n
         assert "NOT COLLECTED alice_333: uploaded files, none of them a notebook" in result.stdout  # e.g. zipped
         assert f"skipped {'c' * 240}_1_4_{ASSIGNMENT}.ipynb: cannot be written here (File name too long)" in result.stdout
         assert f"skipped doejane_123456_9999999_x_777_7890999_{ASSIGNMENT}.ipynb: its name reads as more than one" in result.stdout
+        assert "NOT COLLECTED smithann_1001: their only notebook(s) were refused (smithann_1001_5001_hw_3_1" in result.stdout
+        assert "NOT COLLECTED doejane" not in result.stdout  # the name built to read as hers: she is collected
     else:  # an upload's own name never makes it a classmate's
         assert "mallory_evil_55555: skipped Jane Doe_12345" in result.stdout and "jane_doe_12345's upload" in result.stdout
         assert "skipped Jane Doe_12345_assignsubmission_file__67890_assignsubmission_file_x (9).ipynb: its name reads" in result.stdout
+        assert "NOT COLLECTED mallory_evil_55555: their only notebook(s) were refused" in result.stdout
+        assert "NOT COLLECTED jane" not in result.stdout
     assert "skipped alice_333_5002_notes.gz" in result.stdout  # one bad archive stops no one's collection
     assert {p.suffix for p in (course / "downloaded").rglob("*") if p.is_file()} == {".ipynb"}
 
