@@ -206,6 +206,21 @@ def _used_names(source: str) -> frozenset[str]:
         return frozenset()
 
 
+def above_the_tests(cells: list, tests: list) -> list:
+    """`cells` without the copies of an answer cell that sit below their part's test cell when
+    another copy sits above it: the copy the visible test checked is graded, not a scratch copy
+    pasted under it (red team 45d, A05(iii): an old wrong attempt below Part 3's test cell
+    overrode the right answer above it, 0 of 2). An answer whose every copy sits below the test
+    cell (the test cell moved up) is kept."""
+    where = {}
+    for index, cell in enumerate(cells):
+        where.setdefault(grade_id(cell), index)
+    test_at = {part_of(t): where[t] for t in tests if t in where}
+    above = {grade_id(c) for i, c in enumerate(cells) if i < test_at.get(part_of(grade_id(c) or ""), -1)}
+    return [c for i, c in enumerate(cells)
+            if not (grade_id(c) in above and i > test_at.get(part_of(grade_id(c)), len(cells)))]
+
+
 def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *, reference: bool = False) -> dict:
     """What grader/hidden_tests.py needs: the instructor's set-up and test cells, and per part the
     student's answer cells it depends on (its own, and earlier parts' that define a name it uses).
@@ -217,7 +232,7 @@ def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *
     cells = {grade_id(c): c for c in source["cells"] if grade_id(c)}
     solutions = [g for g, c in cells.items() if c["metadata"]["nbgrader"].get("solution")]
     tests = [g for g, c in cells.items() if c["metadata"]["nbgrader"].get("grade") and c.get("cell_type") == "code"]
-    answers = [(grade_id(c), without_magics(source_text(c))) for c in submission["cells"]
+    answers = [(grade_id(c), without_magics(source_text(c))) for c in above_the_tests(submission["cells"], tests)
                if c.get("cell_type") == "code" and grade_id(c) in solutions]
     order = [part_of(t) for t in tests]
     parts = []

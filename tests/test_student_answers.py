@@ -209,6 +209,26 @@ def test_names_an_earlier_cell_defines_in_blocks_or_by_a_star_import_reach_a_lat
     assert "p1_solution" in [cell_id for cell_id, _ in part3["cells"]]
 
 
+def test_a_scratch_copy_below_the_test_cell_is_not_graded_and_a_moved_test_cell_keeps_its_answer():
+    """Red team 45d, A05(iii): the right answer above Part 3's test cell (what the visible test
+    checked), an old wrong attempt pasted as a copy below it: the copy above is graded. Every copy
+    below (the test cell moved above its answer): those copies are graded, as before."""
+    source = notebooks.read_notebook(ROOT / "solutions" / "ex4_softmax_stability" / "ex4_softmax_stability.ipynb")
+
+    def part3_cells(cells):
+        job = runs.hidden_test_job(source, {**source, "cells": cells}, SECRET, 60)
+        return [src for gid, src in next(p for p in job["parts"] if p["test_id"] == "p3_tests")["cells"] if gid == "p3_solution"]
+
+    cells = json.loads(json.dumps(source["cells"]))
+    answer = next(i for i, c in enumerate(cells) if notebooks.grade_id(c) == "p3_solution")
+    test = next(i for i, c in enumerate(cells) if notebooks.grade_id(c) == "p3_tests")
+    scratch = {**cells[answer], "source": "# old attempt\nstable_softmax = None\n"}
+    assert part3_cells(cells[:test + 1] + [scratch] + cells[test + 1:]) == [notebooks.source_text(cells[answer])]
+    assert len(part3_cells(cells[:test] + [scratch] + cells[test:])) == 2  # above the test: both run, in order
+    moved = cells[:answer] + [cells[test], cells[answer]] + [c for c in cells[answer + 1:] if c is not cells[test]]
+    assert part3_cells(moved) == [notebooks.source_text(cells[answer])]
+
+
 def test_help_lines_are_comments_and_a_question_mark_elsewhere_is_not_touched():
     assert notebooks.without_magics("torch.nextafter?\n  ?np.log\nx = '?'\ny = a if b else c") == (
         "# (not run by the grader) torch.nextafter?\n# (not run by the grader)   ?np.log\nx = '?'\ny = a if b else c")
