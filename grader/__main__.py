@@ -8,10 +8,13 @@ run every submission in sandboxes (grader/runs.py).
                                       # grade a real course (grader/schedule.py), then feedback
     python -m grader prepare ASSIGNMENT ... [--course DIR] [--db-url URL]
                                       # once, before `grade --shard K/N` on several machines
-    python -m grader pack-feedback ASSIGNMENT ... [--course DIR] [--out DIR]
-                                      # each student's feedback page, named for LMS upload
+    python -m grader pack-feedback ASSIGNMENT ... [--course DIR] [--out DIR] [--lms canvas|moodle]
+                                      # each student's feedback page; with --lms, in the zip that
+                                      # LMS's bulk feedback upload takes (grader/lms.py)
     python -m grader export [--course DIR] [--db-url URL] [--to grades.csv]
                                       # every grade, one CSV row per student and assignment
+    python -m grader export ASSIGNMENT --lms canvas|moodle [--to FILE] [--column NAME] [--db-url URL]
+                                      # the CSV that LMS's grade import takes (grader/lms.py)
     python -m grader release          # `make exercises`: regenerate exercises/ from solutions/
     python -m grader check [ASSIGNMENT ...]
                                       # grade fabricated submissions, print per-part scores
@@ -69,7 +72,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=None,
                         help="demo: the folder (grade-demo); pack-feedback: where the pages go (feedback-upload)")
     parser.add_argument("--course", type=Path, default=Path.cwd(), help="the course directory (default: here)")
-    parser.add_argument("--lms", choices=["canvas", "moodle"], help="collect: where the download comes from")
+    parser.add_argument("--lms", choices=["canvas", "moodle"],
+                        help="collect: where the download comes from; export, pack-feedback: the LMS to go back to")
+    parser.add_argument("--column", default=None,
+                        help="export --lms canvas: the assignment's column in Canvas (default: the assignment's name)")
     parser.add_argument("--zip", type=Path, help="collect: the LMS download (a zip, or a folder of files)")
     parser.add_argument("--to", type=Path, default=None, help="export: the CSV file (grades.csv in the course)")
     parser.add_argument("--timeout", type=int, default=60, help="grade: seconds per cell and per part")
@@ -135,9 +141,27 @@ def main(argv: list[str] | None = None) -> None:
         from grader.collect import collect
         collect(args.course.resolve(), args.assignments[0], args.lms, args.zip.resolve())
     elif args.command == "pack-feedback":
+        from grader import lms
         from grader.feedback import pack_feedback
         for name in args.assignments or cli.error("pack-feedback: name the assignments"):
-            pack_feedback(args.course.resolve(), name, (args.out or args.course / "feedback-upload").resolve())
+            out = (args.out or args.course / "feedback-upload").resolve()
+            try:
+                lms.pack_feedback(args.course.resolve(), name, args.lms, out) if args.lms else \
+                    pack_feedback(args.course.resolve(), name, out)
+            except ValueError as error:
+                sys.exit(f"python -m grader pack-feedback {name}: {error}")
+    elif args.command == "export" and args.lms:
+        from grader import lms
+        if len(args.assignments) != 1:
+            cli.error("export --lms: one assignment (each LMS imports one assignment's grades at a time)")
+        name, folder = args.assignments[0], args.course.resolve()
+        try:
+            lms.export_grades(folder, name, args.lms, (args.to or folder / f"grades-{name}-{args.lms}.csv").resolve(),
+                              args.db_url, args.column)
+        except ValueError as error:
+            sys.exit(f"python -m grader export {name}: {error}")
+        except OperationalError as error:
+            sys.exit(f"python -m grader export {name}: the gradebook cannot be reached: {error.orig}")
     elif args.command == "export":
         folder = args.course.resolve()
         to = (args.to or folder / "grades.csv").resolve()

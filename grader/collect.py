@@ -38,6 +38,7 @@ PostgreSQL) is shortened the same way on every run (`gradebook_id`) and named in
 (`LONG ID`). Late hand-ins are named in the log (`LATE`); no grade depends on it.
 """
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -95,7 +96,8 @@ def canvas(relative: Path) -> dict | None:
         return {"student_id": None, "ambiguous": relative.name}
     student = f"{match['person'].lower()}_{match['user']}"
     return {"student_id": gradebook_id(student), "lms_id": student, "late": bool(match["late"]),
-            "order": (int(match["submission"]), upload_number(match["name"]))}
+            "order": (int(match["submission"]), upload_number(match["name"])),
+            "user": match["user"], "name": match["person"], "prefix": relative.name[:match.start("name")]}
 
 
 def moodle_student(match) -> str:
@@ -113,15 +115,28 @@ def moodle(relative: Path) -> dict | None:
         folder = MOODLE.match(relative.parts[0])
         if not folder or folder["name"]:
             return None
-        owner = moodle_student(folder)
+        owner, person = moodle_student(folder), folder
         if own and moodle_student(own) != owner:
             return {"student_id": gradebook_id(owner), "claims": moodle_student(own)}
     elif own and own["name"]:
-        owner = moodle_student(own)
+        owner, person = moodle_student(own), own
     else:
         return None
     return {"student_id": gradebook_id(owner), "lms_id": owner, "late": False,
-            "order": (0, upload_number(own["name"] if own else relative.name))}
+            "order": (0, upload_number(own["name"] if own else relative.name)),
+            "user": person["user"], "name": person["person"]}
+
+
+def latest_uploads(folder: Path, parse) -> dict[str, tuple[Path, dict]]:
+    """{student: (their latest notebook's path relative to `folder`, what its name says)}: the
+    highest submission id, then the highest upload number; names refused by `parse` count for no one."""
+    best = {}
+    for path in folder.rglob("*.ipynb"):
+        relative = path.relative_to(folder)
+        theirs = parse(relative)
+        if theirs and "claims" not in theirs and "ambiguous" not in theirs:
+            best[theirs["student_id"]] = max(best.get(theirs["student_id"], ()), (theirs["order"], relative.as_posix(), theirs))
+    return {student: (Path(relative), info) for student, (_, relative, info) in best.items()}
 
 
 class LatestNotebookCollector(FileNameCollectorPlugin):
@@ -134,12 +149,8 @@ class LatestNotebookCollector(FileNameCollectorPlugin):
         """{student: the path of their latest notebook} over the whole download, read once (red team
         45b, A10: read again for every file, 2,000 files in one submission held collection 504 s)."""
         if self.index is None or self.index[0] != extracted:
-            best = {}
-            for other in extracted.rglob("*.ipynb"):
-                theirs = self.parse(other.relative_to(extracted))
-                if theirs and "claims" not in theirs and "ambiguous" not in theirs:
-                    best[theirs["student_id"]] = max(best.get(theirs["student_id"], ()), (theirs["order"], str(other)))
-            self.index = (extracted, {student: path for student, (_, path) in best.items()})
+            self.index = (extracted, {student: str(extracted / relative)
+                                      for student, (relative, _) in latest_uploads(extracted, self.parse).items()})
         return self.index[1]
 
     def collect(self, submitted_file: str) -> dict | None:
@@ -246,6 +257,8 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
     students = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
     print(printable(f"{len(students)} submissions of {assignment} in {course / 'submitted'}: {', '.join(students)}"))
     parse = {"canvas": canvas, "moodle": moodle}[lms]
+    remember(course, assignment, lms, {student: upload for student, upload in latest_uploads(archive, parse).items()
+                                       if student in students})
     uploaders = {info["student_id"] for name in skipped if (info := parse(Path(name))) and info["student_id"]}
     for student in sorted(uploaders - set(students)):  # e.g. a notebook handed in zipped
         print(printable(f"  NOT COLLECTED {student}: uploaded files, none of them a notebook (see the skipped lines): "
@@ -276,3 +289,24 @@ def refused_owners(archive: Path, parse) -> dict[str, list[str]]:
                 owners.setdefault(gradebook_id(student), []).append(
                     f"{relative.as_posix()}: its name reads as more than one student's upload")
     return owners
+
+
+LMS_FILE = "lms.json"  # downloaded/<assignment>/lms.json: what the LMS's names said of each student collected
+
+
+def remember(course: Path, assignment: str, lms: str, uploads: dict[str, tuple[Path, dict]]) -> None:
+    """What the download's names tell of each student collected, for the way back (grader/lms.py:
+    `export --lms`, `pack-feedback --lms`): the LMS's user id (Canvas) or participant number
+    (Moodle), the name the LMS wrote, the collected file's name in the download, and lateness
+    (Canvas's `_late`; Moodle's download does not say). Only names the LMS wrote, never a student's
+    file contents. Merged into the file of an earlier collection: a student collected again replaces
+    their entry."""
+    path = course / "downloaded" / assignment / LMS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    students = {} if known.get("lms") != lms else known.get("students", {})
+    for student, (relative, info) in uploads.items():
+        students[student] = {"lms_id": info["lms_id"], "user": info["user"], "name": info["name"],
+                             "file": relative.as_posix(), "late": info["late"],
+                             **({"prefix": info["prefix"]} if "prefix" in info else {})}
+    path.write_text(json.dumps({"lms": lms, "assignment": assignment, "students": students}, indent=1, ensure_ascii=False))

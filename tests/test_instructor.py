@@ -241,7 +241,101 @@ def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, n
         assert "NOT COLLECTED mallory_evil_55555: their only notebook(s) were refused" in result.stdout
         assert "NOT COLLECTED jane" not in result.stdout
     assert "skipped alice_333_5002_notes.gz" in result.stdout  # one bad archive stops no one's collection
-    assert {p.suffix for p in (course / "downloaded").rglob("*") if p.is_file()} == {".ipynb"}
+    assert {p.suffix for p in (course / "downloaded").rglob("*") if p.is_file() and p.name != "lms.json"} == {".ipynb"}
+    remembered = json.loads((course / "downloaded" / ASSIGNMENT / "lms.json").read_text())  # for the way back
+    assert remembered["lms"] == lms and set(remembered["students"]) == set(expected)
+    if lms == "canvas":
+        assert remembered["students"]["doejane_123456"] == {
+            "lms_id": "doejane_123456", "user": "123456", "name": "doejane", "late": True,
+            "file": f"doejane_late_123456_7890123_{ASSIGNMENT}-2.ipynb", "prefix": "doejane_late_123456_7890123_"}
+    else:
+        assert remembered["students"]["omar_smith_12346"] == {
+            "lms_id": "omar_smith_12346", "user": "12346", "name": "Omar Smith", "late": False,
+            "file": f"Omar Smith_12346_assignsubmission_file_/{ASSIGNMENT}.ipynb"}
+
+
+# The documented formats, written out here, not taken from grader/lms.py. Canvas's grade import:
+# the identifying columns, then one column per assignment, and the optional "Points Possible" row
+# of Canvas's own export. Moodle's offline grading worksheet: rows found by "Identifier"
+# ("Participant " and the download's number), "Grade", and "Last modified (grade)" (read by PHP's
+# strtotime). Canvas's re-upload of files: the first two all-digit parts of a name, split at "_",
+# are the user and the submitted file. Moodle's feedback zip: a path part split at "_" into at most
+# five pieces, the second the participant number, the third and fourth the plugin.
+CANVAS_IMPORT = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+MOODLE_WORKSHEET = ["Identifier", "Full name", "Grade", "Maximum Grade", "Last modified (grade)"]
+
+
+@pytest.fixture(scope="module")
+def registered_course(tmp_path_factory):
+    """A fresh course with ASSIGNMENT in its gradebook (nbgrader generate_assignment, once): copied by each test."""
+    course = fresh_course(tmp_path_factory.mktemp("registered") / "course")
+    gradebook.register(course, ASSIGNMENT)
+    return course
+
+
+@pytest.mark.parametrize("lms, uploads", [
+    ("canvas", [f"doejane_late_123456_7890123_{ASSIGNMENT}-2.ipynb", f"smithomar_223344_7890456_Copy of {ASSIGNMENT}.ipynb",
+                f"leebo_4455_7777_{ASSIGNMENT}.ipynb"]),
+    ("moodle", [f"Jane Doe_12345_assignsubmission_file_/{ASSIGNMENT}.ipynb",
+                f"Omar Smith_12346_assignsubmission_file_{ASSIGNMENT} (1).ipynb", f"Bo Lee_12347_assignsubmission_file_{ASSIGNMENT}.ipynb"]),
+])
+def test_grades_and_feedback_go_back_in_the_files_each_lms_imports(registered_course, tmp_path, capsys, lms, uploads):
+    """Issue 47: `export --lms` and `pack-feedback --lms` from what collection remembered of the
+    download's names: Jane graded with a page, Omar graded without one, Bo collected and not graded,
+    and a student put in by hand, graded and not collected."""
+    import csv
+    import datetime
+    import zipfile
+
+    from grader import collect
+    from grader.__main__ import main
+    import shutil
+    course = Path(shutil.copytree(registered_course, tmp_path / "course"))
+    parse = {"canvas": collect.canvas, "moodle": collect.moodle}[lms]
+    collect.remember(course, ASSIGNMENT, lms, {parse(Path(n))["student_id"]: (Path(n), parse(Path(n))) for n in uploads})
+    jane, omar, bo = [parse(Path(n)) for n in uploads]
+    points = fabricate.test_points(ASSIGNMENT)
+    given = {jane["student_id"]: dict(points), omar["student_id"]: {t: (p if k == 0 else 0.0) for k, (t, p) in enumerate(points.items())},
+             "byhand": dict(points)}
+    from nbgrader.api import Gradebook
+    from sqlalchemy.exc import SAWarning
+    with Gradebook(gradebook.db_url(course)) as book, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=SAWarning)  # nbgrader's API's order of adding rows (schedule.grade)
+        for student, scores in given.items():
+            gradebook.write_grades(book, ASSIGNMENT, student, scores)
+    page = course / "feedback" / jane["student_id"] / ASSIGNMENT / f"{ASSIGNMENT}.html"
+    page.parent.mkdir(parents=True)
+    page.write_text("<html>Jane's feedback</html>")
+
+    main(["export", ASSIGNMENT, "--lms", lms, "--course", str(course)])
+    main(["pack-feedback", ASSIGNMENT, "--lms", lms, "--course", str(course)])
+    said = capsys.readouterr().out
+    with open(course / f"grades-{ASSIGNMENT}-{lms}.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    archive = zipfile.ZipFile(course / "feedback-upload" / f"{ASSIGNMENT}-feedback-{lms}.zip")
+    assert [archive.read(n) for n in archive.namelist()] == [page.read_bytes()]  # Omar and Bo: no page
+    total = {s: sum(v.values()) for s, v in given.items()}
+    if lms == "canvas":
+        assert list(rows[0])[:5] == CANVAS_IMPORT and list(rows[0])[5:] == [ASSIGNMENT]
+        assert rows[0]["Student"].strip() == "Points Possible" and float(rows[0][ASSIGNMENT]) == sum(points.values())
+        assert {r["ID"]: float(r[ASSIGNMENT]) for r in rows[1:]} == {"123456": total[jane["student_id"]],
+                                                                     "223344": total[omar["student_id"]]}
+        assert [[t for t in n.split("_") if t.isdigit()][:2] for n in archive.namelist()] == [["123456", "7890123"]]
+        assert "LATE: doejane_123456" in said
+    else:
+        assert set(MOODLE_WORKSHEET) <= set(rows[0])
+        assert {r["Identifier"]: (float(r["Grade"]), float(r["Maximum Grade"])) for r in rows} == {
+            "Participant 12345": (total[jane["student_id"]], sum(points.values())),
+            "Participant 12346": (total[omar["student_id"]], sum(points.values()))}
+        assert {r["Full name"] for r in rows} == {"Jane Doe", "Omar Smith"}
+        assert all(datetime.datetime.strptime(r["Last modified (grade)"], "%A, %d %B %Y, %I:%M %p") for r in rows)
+        folder, name = archive.namelist()[0].split("/")
+        assert folder.split("_", 4)[1:4] == ["12345", "assignfeedback", "file"] and name.endswith(".html")
+    assert f"NOT EXPORTED {bo['student_id']}: collected, but no grade" in said
+    assert "NOT EXPORTED byhand: graded, but not collected" in said
+    assert f"NO FEEDBACK for {omar['student_id']}" in said and f"NO FEEDBACK for {bo['student_id']}" in said
+    with pytest.raises(SystemExit, match="was not collected from"):
+        main(["export", ASSIGNMENT, "--lms", "moodle" if lms == "canvas" else "canvas", "--course", str(course)])
 
 
 def test_an_id_longer_than_the_gradebook_holds_is_shortened_alike_on_every_run_and_database(tmp_path):

@@ -1,0 +1,120 @@
+"""Back into the LMS: grades as the CSV file each system's grade import takes, and feedback pages
+in the archive each system's bulk feedback upload takes. Never runs student code: it reads the
+gradebook, the feedback pages and what collection remembered of the download's names
+(downloaded/<assignment>/lms.json, grader/collect.py).
+
+    export_grades(course, assignment, lms, to, url)   # `python -m grader export ASSIGNMENT --lms canvas|moodle`
+    pack_feedback(course, assignment, lms, out)        # `python -m grader pack-feedback ASSIGNMENT --lms canvas|moodle`
+
+Canvas (Grades > Import): a CSV whose rows Canvas matches by its user id, the `ID` column; its
+identifying columns are `Student`, `ID`, `SIS User ID`, `SIS Login ID`, `Section`; every other
+column is read as an assignment, matched by name (or `Name (assignment id)`) or created. Lateness has
+no column there (Canvas keeps its own from the submission time): it is printed.
+Canvas (the assignment's "Re-Upload Submissions"): a zip of files whose names keep the download's
+prefix `name[_LATE]_userid_fileid_`; Canvas reads the first two all-digit parts of a name as the
+user and the submitted file, and attaches the file to that submission as a comment.
+
+Moodle (the assignment's "Upload grading worksheet", offline grading worksheet feedback enabled):
+a CSV whose rows Moodle matches by `Identifier` (`Participant <number>`, the number of the download's
+names), with the grade in `Grade` and `Last modified (grade)` (a row older than Moodle's own
+grade is skipped unless "allow updating records modified more recently" is ticked). Other columns
+(`Full name`, `Status`, ...) are not imported; Moodle's download does not say who was late (Moodle
+shows it itself). Moodle (the assignment's "Upload
+multiple feedback files in a zip", file feedback enabled): a folder per student named
+`Full name_number_assignfeedback_file_`, holding the page.
+"""
+import csv
+import json
+import time
+import zipfile
+from pathlib import Path
+
+from grader.collect import LMS_FILE
+from grader.gradebook import db_url, scores
+from grader.notebooks import grade_id, read_notebook
+from grader.report import printable
+
+CANVAS_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+MOODLE_COLUMNS = ["Identifier", "Full name", "Email address", "Status", "Grade", "Maximum Grade",
+                  "Grade can be changed", "Last modified (grade)"]
+MOODLE_PARTICIPANT = "Participant "  # Moodle's string 'hiddenuser': "Participant " and the number
+
+
+def collected(course: Path, assignment: str, lms: str) -> dict[str, dict]:
+    """{student: what collection remembered}; ValueError if `assignment` was not collected from `lms`."""
+    path = course / "downloaded" / assignment / LMS_FILE
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    if known.get("lms") != lms:
+        raise ValueError(f"{assignment} was not collected from {lms} in {course} (no {path.relative_to(course)} "
+                         f"for {lms}): run `python -m grader collect {assignment} --lms {lms} --zip DOWNLOAD` first")
+    return known["students"]
+
+
+def maximum(course: Path, assignment: str) -> float:
+    source = read_notebook(course / "solutions" / assignment / f"{assignment}.ipynb")
+    return sum(float(c["metadata"]["nbgrader"]["points"]) for c in source["cells"]
+               if grade_id(c) and c["metadata"]["nbgrader"].get("grade") and c["cell_type"] == "code")
+
+
+def number(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def export_grades(course: Path, assignment: str, lms: str, to: Path, url: str | None = None,
+                  column: str | None = None) -> dict[str, float]:
+    """The grades of `assignment` as `lms`'s grade import takes them, into `to`; {student: points}.
+    `column` (Canvas): the assignment's column header, default the assignment's name."""
+    students = collected(course, assignment, lms)
+    graded = {s: sum(v for v in parts.values() if v is not None)
+              for s, parts in scores(course, assignment, db_url(course, url)).items()}
+    most = maximum(course, assignment)
+    exported = {s: graded[s] for s in students if s in graded}
+    with open(to, "w", newline="", encoding="utf-8") as f:
+        rows = csv.writer(f)
+        if lms == "canvas":
+            rows.writerow(CANVAS_COLUMNS + [column or assignment])
+            rows.writerow(["    Points Possible", "", "", "", "", number(most)])
+            for student in sorted(exported):
+                rows.writerow([students[student]["name"], students[student]["user"], "", "", "", number(exported[student])])
+        else:
+            stamp = time.strftime("%A, %d %B %Y, %I:%M %p")  # as Moodle writes it; PHP's strtotime reads it
+            rows.writerow(MOODLE_COLUMNS)
+            for student in sorted(exported):
+                rows.writerow([f"{MOODLE_PARTICIPANT}{students[student]['user']}", students[student]["name"], "", "",
+                               number(exported[student]), number(most), "Yes", stamp])
+    print(printable(f"{len(exported)} grades of {assignment} for {lms} in {to}"))
+    for student in sorted(set(students) - set(graded)):
+        print(printable(f"  NOT EXPORTED {student}: collected, but no grade in the gradebook (grade {assignment} first)"))
+    for student in sorted(set(graded) - set(students)):
+        print(printable(f"  NOT EXPORTED {student}: graded, but not collected from {lms} (no {lms} id): enter by hand"))
+    for student in sorted(s for s in exported if students[s]["late"]):
+        print(printable(f"  LATE: {student} handed in {assignment} late ({students[student]['file']})"))
+    return exported
+
+
+def upload_name(lms: str, assignment: str, entry: dict) -> str:
+    """The page's name in the upload archive: Canvas's download prefix (user and file ids), or
+    Moodle's feedback folder for the participant."""
+    if lms == "canvas":
+        return f"{entry['prefix']}{assignment}_feedback.html"
+    return f"{entry['name']}_{entry['user']}_assignfeedback_file_/{assignment}_feedback.html"
+
+
+def pack_feedback(course: Path, assignment: str, lms: str, out: Path) -> Path:
+    """Each collected student's feedback page in OUT/<assignment>-feedback-<lms>.zip, named for
+    `lms`'s bulk feedback upload. Names the students collected who have no page."""
+    students = collected(course, assignment, lms)
+    out.mkdir(parents=True, exist_ok=True)
+    archive, packed, missing = out / f"{assignment}-feedback-{lms}.zip", 0, []
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
+        for student, entry in sorted(students.items()):
+            page = course / "feedback" / student / assignment / f"{assignment}.html"
+            if not page.is_file() or any(p.is_symlink() for p in (page, page.parent, page.parent.parent)):
+                missing.append(student)
+                continue
+            zipped.write(page, upload_name(lms, assignment, entry))
+            packed += 1
+    print(printable(f"{packed} feedback pages of {assignment} for {lms} in {archive}"))
+    for student in missing:
+        print(printable(f"  NO FEEDBACK for {student}: grade the assignment first (python -m grader grade {assignment})"))
+    return archive
