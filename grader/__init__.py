@@ -19,6 +19,7 @@ A submission's path, one way through the package, and the side each module is on
     schedule       a class, every core, shards: one student's path, in order       never runs student code
     feedback       the feedback notebook rebuilt from data, pages, packing         never runs student code
     feedback_page  how a verdict and the maths read                                never runs student code
+    lms            grades and feedback back into Canvas or Moodle, as each imports  never runs student code
 
 and around them: `course` (the course directory and nbgrader's command line), `report` (what the
 instructor reads), `fabricate`, `hostile_corpus` and `rehearsal` (fabricated submissions, the
