@@ -14,12 +14,13 @@ import hashlib
 import json
 import re
 import shutil
+import sys
 import zipfile
 from pathlib import Path
 
 from grader import feedback_page
-from grader.course import nbgrader
-from grader.notebooks import grade_id, normalised, source_text
+from grader.course import ROOT, nbgrader
+from grader.notebooks import grade_id, normalised, part_of, source_text
 
 OUTPUT_CHARS = 1_000_000          # the feedback's outputs, all cells together
 # The student's own text in the feedback page: nbgrader renders it outside every sandbox and limit,
@@ -89,6 +90,35 @@ def seeds_of(secret: str, count: int = 1000) -> list[str]:
             for n in range(count)]
 
 
+# Where the grading machine keeps Python and the course: shown as "..." in the outputs a student gets
+# back (a traceback's file names, a warning's), longest first (the environment may sit in the course).
+MACHINE_PATHS = sorted({str(p) for p in (sys.prefix, sys.base_prefix, ROOT)}, key=len, reverse=True)
+
+
+def without_machine_paths(text: str) -> str:
+    for path in MACHINE_PATHS:
+        text = text.replace(path + "/", ".../")
+    return text
+
+
+def execution_count(cell: dict) -> int | None:
+    """The count the feedback run gave the cell (data from the sandbox: a plain small integer, else none)."""
+    count = cell.get("execution_count")
+    return count if type(count) is int and 0 < count < 1_000_000 else None
+
+
+def untouched_parts(ran: dict, release: dict) -> set[str]:
+    """The parts whose every answer cell is still as handed out (not attempted)."""
+    answers = {grade_id(c): source_text(c).strip() for c in release["cells"]
+               if (c.get("metadata", {}).get("nbgrader") or {}).get("solution") and grade_id(c)}
+    submitted = {}
+    for cell in ran["cells"]:
+        if grade_id(cell) in answers:
+            submitted.setdefault(grade_id(cell), []).append(source_text(cell).strip())
+    parts = {part_of(g) for g in answers}
+    return {p for p in parts if all(submitted.get(g, [a]) == [a] for g, a in answers.items() if part_of(g) == p)}
+
+
 def safe_outputs(outputs) -> list[dict]:
     """Text, tracebacks and PNG/JPEG images only: no HTML, JavaScript, SVG, widgets or metadata."""
     kept = []
@@ -96,12 +126,14 @@ def safe_outputs(outputs) -> list[dict]:
         kind = out.get("output_type") if isinstance(out, dict) else None
         if kind == "stream":
             name = "stderr" if out.get("name") == "stderr" else "stdout"
-            kept.append({"output_type": "stream", "name": name, "text": source_text({"source": out.get("text", "")})})
+            kept.append({"output_type": "stream", "name": name,
+                         "text": without_machine_paths(source_text({"source": out.get("text", "")}))})
         elif kind == "error":
             trace = out.get("traceback", [])
             kept.append({"output_type": "error", "ename": str(out.get("ename", ""))[:200],
-                         "evalue": str(out.get("evalue", ""))[:2000],
-                         "traceback": [str(line)[:2000] for line in trace[-40:]] if isinstance(trace, list) else []})
+                         "evalue": without_machine_paths(str(out.get("evalue", ""))[:2000]),
+                         "traceback": [without_machine_paths(str(line)[:2000]) for line in trace[-40:]]
+                                      if isinstance(trace, list) else []})
         elif kind in ("display_data", "execute_result"):
             data = out.get("data", {}) if isinstance(out.get("data"), dict) else {}
             clean = {"text/plain": source_text({"source": data["text/plain"]})} if "text/plain" in data else {}
@@ -142,7 +174,9 @@ def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict) ->
     the hidden tests and what the visible tests printed or raised (`verdicts` hold safe messages)."""
     released = {grade_id(c): c for c in release["cells"] if grade_id(c)}
     cells, budget, sources = [], [OUTPUT_CHARS], [SOURCE_TOTAL]
-    for cell in normalised(ran, release)["cells"]:
+    ran = normalised(ran, release)
+    untouched = untouched_parts(ran, release)
+    for cell in ran["cells"]:
         kind, gid = cell.get("cell_type"), grade_id(cell)
         metadata = {"nbgrader": cell["metadata"]["nbgrader"]} if gid else {}
         if kind == "markdown":
@@ -151,14 +185,16 @@ def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict) ->
             verdict = verdicts.get(gid, {"passed": False, "message": "not graded"})
             shown = [o for o in safe_outputs(cell.get("outputs")) if o["output_type"] in ("stream", "error")]
             visible = (None if not shown else not any(o["output_type"] == "error" for o in shown))
-            note = ("\N{CHECK MARK} " if verdict["passed"] else "\N{BALLOT X} ") + feedback_page.verdict(
-                visible, verdict["passed"], verdict["message"], points[gid])
-            cells.append({"cell_type": "code", "metadata": metadata, "execution_count": None,
+            attempted = verdict["passed"] or part_of(gid) not in untouched
+            note = ("\N{CHECK MARK} " if verdict["passed"] else "\N{BALLOT X} ") + (feedback_page.verdict(
+                visible, verdict["passed"], verdict["message"], points[gid]) if attempted else
+                feedback_page.not_attempted(points[gid]))
+            cells.append({"cell_type": "code", "metadata": metadata, "execution_count": execution_count(cell),
                           "source": source_text(released[gid]),
                           "outputs": capped(shown, budget) + [{"output_type": "stream", "name": "stdout",
                                                                "text": f"{note}\n"}]})
         elif kind == "code":
-            cells.append({"cell_type": "code", "metadata": metadata, "execution_count": None,
+            cells.append({"cell_type": "code", "metadata": metadata, "execution_count": execution_count(cell),
                           "source": cut(source_text(cell), sources),
                           "outputs": capped(safe_outputs(cell.get("outputs")), budget)})
     return {"cells": cells, "metadata": {k: release["metadata"][k] for k in ("kernelspec", "language_info")
@@ -178,6 +214,7 @@ def feedback_for(course: Path, assignment: str, students: list[str], url: str | 
         return nbgrader(course, *args, check=False)
 
     if not students or render(students).returncode == 0:
+        wrap_long_lines(course, assignment, students)
         return {}
     failures = {}
     for student in students:
@@ -186,7 +223,23 @@ def feedback_for(course: Path, assignment: str, students: list[str], url: str | 
             lines = (result.stdout + result.stderr).strip().splitlines() or [f"exit status {result.returncode}"]
             why = next((line for line in reversed(lines) if "Error" in line), lines[-1])
             failures[student] = f"nbgrader generate_feedback failed: {why.strip()}"[:300]
+    wrap_long_lines(course, assignment, [s for s in students if s not in failures])
     return failures
+
+
+# nbgrader's feedback page shows code and outputs in <pre> boxes that cut a long line at the page's
+# edge (a student cannot scroll a printout): wrapped, as the verdict is (feedback_page.verdict).
+WRAP_STYLE = ("<style>/* grader: long lines wrapped */ div.input_area pre, div.output_area pre "
+              "{ white-space: pre-wrap; overflow-wrap: anywhere; }</style>")
+
+
+def wrap_long_lines(course: Path, assignment: str, students: list[str]) -> None:
+    for student in students:
+        page = course / "feedback" / student / assignment / f"{assignment}.html"
+        if page.is_file() and not any(p.is_symlink() for p in (page, page.parent, page.parent.parent)):
+            html = page.read_text(encoding="utf-8")
+            if WRAP_STYLE not in html and "</head>" in html:
+                page.write_text(html.replace("</head>", WRAP_STYLE + "\n</head>", 1), encoding="utf-8")
 
 
 def pack_feedback(course: Path, assignment: str, out: Path) -> list[Path]:

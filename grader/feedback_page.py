@@ -170,3 +170,9 @@ def verdict(visible_passed: bool | None, hidden_passed: bool, message: str, poin
         text = f"Graded: 0 / {points:g}. The visible tests above did not pass, and {hidden}: {message}"
     return "\n".join(textwrap.fill(line, width, break_long_words=True, break_on_hyphens=False)
                      for line in text.splitlines() or [""])
+
+
+def not_attempted(points: float, width: int = 88) -> str:
+    """The line under a part's test cell when its answer cells are as handed out."""
+    return textwrap.fill(f"Graded: 0 / {points:g}. Not attempted: the answer cells of this part are as handed out.",
+                         width, break_long_words=True, break_on_hyphens=False)

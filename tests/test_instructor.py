@@ -22,14 +22,15 @@ needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no sandbox h
 
 
 def in_the_browser(page: Path, width: int = 1000) -> dict:
-    """What headless Chromium shows of a feedback page, offline: its text, and for each verdict
-    box whether it scrolls sideways."""
+    """What headless Chromium shows of a feedback page, offline: its text, for each verdict box
+    whether it scrolls sideways, and for each code cell's box whether it cuts a line."""
     with browser.Chromium(CHROMIUM) as chromium:
         chromium.set_viewport(width, 800, mobile=False)
         assert chromium.open(page.as_uri()) is None
         return chromium.evaluate("""({text: document.body.innerText,
             verdicts: [...document.querySelectorAll('pre')].filter(p => p.innerText.includes('Graded:'))
-                      .map(p => p.scrollWidth > p.clientWidth + 1)})""")
+                      .map(p => p.scrollWidth > p.clientWidth + 1),
+            code: [...document.querySelectorAll('div.input_area pre')].map(p => p.scrollWidth > p.clientWidth + 1)})""")
 
 
 def fresh_course(course: Path) -> Path:
@@ -165,6 +166,33 @@ def test_the_verdict_says_plainly_which_tests_passed_and_is_not_one_long_line():
         in " ".join(note.split()) and "Graded: 0 / 2" in note
     assert "should raise a ValueError" in " ".join(note.split())
     assert max(map(len, note.splitlines())) <= 90
+
+
+def test_the_feedback_reads_like_the_notebook_run_and_names_a_part_not_attempted():
+    """Issue 47: the run's execution counts (none only where a cell did not run), no path of the
+    grading machine in a traceback or warning, and "not attempted" for a part whose answer cells
+    are as handed out (not "failed: NotImplementedError")."""
+    import sys
+    answer = {"nbgrader": {"grade_id": "p1_solution", "solution": True}}
+    test = {"nbgrader": {"grade_id": "p1_tests", "grade": True, "points": 2}}
+    release = {"cells": [{"cell_type": "code", "metadata": answer, "source": "raise NotImplementedError()"},
+                         {"cell_type": "code", "metadata": test, "source": "check()"}], "metadata": {}}
+    where = f"{sys.prefix}/lib/python3.11/site-packages/torch/functional.py"
+    error = {"output_type": "error", "ename": "NotImplementedError", "evalue": "",
+             "traceback": [f"File {where}:12, in f", f"File {ROOT}/mpcourse/numerics.py:3"]}
+    ran = {"cells": [{**release["cells"][0], "execution_count": 1, "outputs": [error]},
+                     {**release["cells"][1], "execution_count": 2, "outputs": [
+                         {"output_type": "stream", "name": "stderr", "text": f"{where}:7: UserWarning: x\n"}]},
+                     {"cell_type": "code", "metadata": {}, "source": "1 + 1", "execution_count": "7<script>", "outputs": []}]}
+    verdicts = {"p1_tests": {"passed": False, "message": "NotImplementedError"}}
+    nb = feedback.feedback_notebook(ran, release, {"p1_tests": 2.0}, verdicts)
+    assert [c["execution_count"] for c in nb["cells"]] == [1, 2, None]  # a count that is not a small integer: none
+    shown = json.dumps(nb)
+    assert str(ROOT) not in shown and sys.prefix not in shown and ".../lib/python3.11/site-packages/torch" in shown
+    assert "Not attempted: the answer cells of this part are as handed out" in " ".join(nb["cells"][1]["outputs"][-1]["text"].split())
+    ran["cells"][0]["source"] = "x = 1\nraise NotImplementedError()"  # attempted, and failing
+    note = feedback.feedback_notebook(ran, release, {"p1_tests": 2.0}, verdicts)["cells"][1]["outputs"][-1]["text"]
+    assert "Not attempted" not in note and "NotImplementedError" in note
 
 
 def lms_zip(path: Path, names: dict[str, str | dict]) -> Path:
@@ -421,12 +449,24 @@ def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
     assert (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text() == release
     step("pack-feedback", ASSIGNMENT, "--course", ".", "--out", "feedback-upload")
     page = (course / "feedback-upload" / ASSIGNMENT / f"smithomar_223344_{ASSIGNMENT}.html").read_text()
-    assert "The visible tests above did not pass, and the hidden tests failed" in " ".join(page.split())
+    assert "Not attempted: the answer cells of this part are as handed out" in " ".join(page.split())  # a blank notebook
+    assert "In&nbsp;[&nbsp;]" not in page and "In [ ]" not in page  # the run's counts
     assert "2⁻²⁵" in page and "$2^{-25}$" not in page  # maths readable offline, without MathJax
-    if CHROMIUM:  # as a student sees it, offline: the verdict not cut, the code as written
+    if CHROMIUM:  # as a student sees it, offline: the verdict not cut, the code as written, no line cut
         seen = in_the_browser(course / "feedback-upload" / ASSIGNMENT / f"smithomar_223344_{ASSIGNMENT}.html")
         assert seen["verdicts"] and not any(seen["verdicts"]), "a verdict scrolls sideways"
         assert "0 < backoff_factor < 1" in seen["text"] and "2⁻²⁵" in seen["text"] and "&lt;" not in seen["text"]
+        narrow = in_the_browser(course / "feedback-upload" / ASSIGNMENT / f"doejane_123456_{ASSIGNMENT}.html", width=520)
+        assert narrow["code"] and not any(narrow["code"]), "a code line is cut at the page's edge"
     step("export", "--course", ".", "--to", "grades.csv")
     rows = (course / "grades.csv").read_text().splitlines()
     assert len(rows) == 3 and any(row.startswith(f"{ASSIGNMENT},") and "doejane_123456" in row for row in rows)
+    # Back into Canvas (issue 47): the grade import's CSV and the re-upload's zip, keyed by Canvas's ids
+    said = step("export", ASSIGNMENT, "--course", ".", "--lms", "canvas") + step(
+        "pack-feedback", ASSIGNMENT, "--course", ".", "--lms", "canvas")
+    canvas = (course / f"grades-{ASSIGNMENT}-canvas.csv").read_text().splitlines()
+    assert canvas[0].startswith("Student,ID,SIS User ID,SIS Login ID,Section,") and len(canvas) == 4
+    assert f"doejane,123456,,,,{sum(points.values()):g}" in canvas and "smithomar,223344,,,,0" in canvas
+    assert "LATE: doejane_123456" in said
+    assert sorted(zipfile.ZipFile(course / "feedback-upload" / f"{ASSIGNMENT}-feedback-canvas.zip").namelist()) == [
+        f"doejane_late_123456_7890123_{ASSIGNMENT}_feedback.html", f"smithomar_223344_7890456_{ASSIGNMENT}_feedback.html"]
