@@ -61,7 +61,7 @@ def make_course(course: Path, names: list[str]) -> None:
         generate_assignment(course, name)
 
 
-def generate_assignment(course: Path, assignment: str) -> None:
+def generate_assignment(course: Path, assignment: str, db_url: str | None = None) -> None:
     """`nbgrader generate_assignment <assignment> --force` in `course`, in this process: nbgrader's own
     code (its API), with the course's nbgrader_config.py, without a second Python importing nbgrader
     and a third running `alembic heads` to stamp the new gradebook (`alembic_head`, once per process).
@@ -74,6 +74,8 @@ def generate_assignment(course: Path, assignment: str) -> None:
     from traitlets.config.loader import PyFileConfigLoader
     config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
     config.CourseDirectory.root = str(course)
+    if db_url:  # else the course's nbgrader_config.py's (a relative SQLite path is this process's folder's)
+        config.CourseDirectory.db_url = db_url
     with GENERATING, mock.patch.object(nbgrader.api, "get_alembic_version", alembic_head):
         result = NbGraderAPI(config=config).generate_assignment(assignment, force=True)
     if not result["success"]:

@@ -267,10 +267,13 @@ def template_course(course: Path, assignment: str, scratch: Path) -> Path:
     template = scratch / "template"
     template.mkdir(parents=True)
     config = (ROOT / "nbgrader_config.py").read_text()  # without the secret: the sandbox gets this copy
+    # The template's gradebook is its own, whatever gradebook the course names (a PostgreSQL one,
+    # which no sandbox reaches: the feedback run failed and every page lost its outputs, issue 47).
     (template / "nbgrader_config.py").write_text("".join(line for line in config.splitlines(keepends=True)
-                                                         if "HiddenTests" not in line))
+                                                         if "HiddenTests" not in line)
+                                                 + '\nc.CourseDirectory.db_url = "sqlite:///gradebook.db"\n')
     shutil.copytree(course / "exercises" / assignment, template / "solutions" / assignment)
-    generate_assignment(template, assignment)
+    generate_assignment(template, assignment, db_url=f"sqlite:///{template / 'gradebook.db'}")
     shutil.rmtree(template / "exercises")
     return template
 

@@ -401,6 +401,24 @@ def test_an_id_longer_than_the_gradebook_holds_is_shortened_alike_on_every_run_a
     assert f"longer than the gradebook's 128 characters in {course / 'submitted'}: {'z' * 129}. Rename" in refused.stderr
 
 
+def test_the_sandboxes_gradebook_is_their_own_whatever_gradebook_the_course_names(tmp_path, monkeypatch):
+    """Issue 47: the guide's first PostgreSQL option (the address in nbgrader_config.py) reached the
+    feedback run's sandbox, which reaches no server: every feedback page lost its outputs. The
+    template course each sandbox gets writes its own SQLite gradebook, and making it touches no other."""
+    from traitlets.config.loader import PyFileConfigLoader
+    config = tmp_path / "repository"
+    config.mkdir()
+    unreachable = "postgresql+psycopg://grader@127.0.0.1:1/mpcourse_grades"
+    (config / "nbgrader_config.py").write_text((ROOT / "nbgrader_config.py").read_text().replace(
+        'c.CourseDirectory.db_url = "sqlite:///gradebook.db"', f'c.CourseDirectory.db_url = "{unreachable}"'))
+    assert unreachable in (config / "nbgrader_config.py").read_text()
+    monkeypatch.setattr(runs, "ROOT", config)
+    template = runs.template_course(fresh_course(tmp_path / "course"), ASSIGNMENT, tmp_path / "scratch")
+    loaded = PyFileConfigLoader("nbgrader_config.py", path=str(template)).load_config()
+    assert loaded.CourseDirectory.db_url == "sqlite:///gradebook.db"  # the sandbox's course folder's
+    assert gradebook.registered(template, ASSIGNMENT, f"sqlite:///{template / 'gradebook.db'}")
+
+
 def test_collection_reads_the_download_once_however_many_files_a_submission_holds(tmp_path, monkeypatch):
     """Red team 45b, A10: each file's collection read every file of the download again (1,000
     files in one submission: 56 s, 2,000: 504 s, everyone's collection waiting)."""
