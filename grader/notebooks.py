@@ -132,6 +132,13 @@ def submitted_name(course: Path, student: str, assignment: str) -> str:
                      f"named {expected}: hand in one notebook")
 
 
+def other_notebooks(course: Path, student: str, assignment: str, graded: str) -> list[str]:
+    """The submission's notebooks besides the graded one (not graded: one notebook per submission)."""
+    folder = course / "submitted" / student / assignment
+    return sorted(entry.name for entry in folder.iterdir()
+                  if entry.name.endswith(".ipynb") and not entry.name.startswith(".") and entry.name != graded)
+
+
 def renamed_note(name: str, assignment: str) -> str | None:
     """What the report says when the graded notebook is not named `<assignment>.ipynb`."""
     if name == f"{assignment}.ipynb":

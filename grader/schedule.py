@@ -41,8 +41,8 @@ from grader import sandbox as sandboxing
 from grader.feedback import hidden_test_lines, seeds_of
 from grader.gradebook import (db_url, graded_students, instructor_secret, record, register, registered, submitters,
                               without_password)
-from grader.notebooks import (grade_id, normalised, part_of, read_notebook, read_submission, recovered,
-                              renamed_note, submitted_name)
+from grader.notebooks import (grade_id, normalised, other_notebooks, part_of, read_notebook, read_submission,
+                              recovered, renamed_note, submitted_name)
 from grader.review_flags import review_flags
 from grader.withheld import declared, library_copy
 from grader.runs import (BrokenEnvironment, NoSandbox, environment_problem, hidden_test_job,  # noqa: F401
@@ -235,7 +235,10 @@ def grade_student(course, assignment, student, template, source, release, secret
     reference then runs here, for this student alone."""
     try:
         submission = read_submission(course, student, assignment)
-        renamed = renamed_note(submitted_name(course, student, assignment), assignment)
+        graded = submitted_name(course, student, assignment)
+        others = other_notebooks(course, student, assignment, graded)
+        renamed = "; ".join(filter(None, [renamed_note(graded, assignment), others and (
+            f"graded {graded!r}; not graded: {', '.join(map(repr, others[:5]))}" + (" ..." if len(others) > 5 else ""))]))
     except (OSError, ValueError) as error:
         return None, None, f"the submission could not be read: {error}", None, None
     submission, restored = recovered(submission, release)

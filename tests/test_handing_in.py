@@ -62,8 +62,10 @@ def test_colabs_copy_of_a_notebook_is_graded_and_the_report_says_so(tmp_path):
     course = tmp_path / "course"
     make_course(course, [ASSIGNMENT])
     full = fabricate.solution_cells(ASSIGNMENT)
-    for student in ("colab", "two_copies"):
+    for student in ("colab", "two_copies", "with_draft"):
         fabricate.write_submission(course, ASSIGNMENT, student, full)
+    drafted = course / "submitted" / "with_draft" / ASSIGNMENT
+    (drafted / "draft <b>.ipynb").write_text((drafted / f"{ASSIGNMENT}.ipynb").read_text())
     folder = course / "submitted" / "colab" / ASSIGNMENT
     (folder / f"{ASSIGNMENT}.ipynb").rename(folder / f"Copy of {ASSIGNMENT}.ipynb")
     folder = course / "submitted" / "two_copies" / ASSIGNMENT
@@ -90,6 +92,15 @@ def test_colabs_copy_of_a_notebook_is_graded_and_the_report_says_so(tmp_path):
     assert "colab" not in report.not_graded
     assert "2 notebooks" in report.not_graded["two_copies"]
     assert sum(report.scores["two_copies"].values()) == 0
+    # Issue 48: the one named after the assignment is graded, the other named, in the report and on the page
+    assert report.scores["with_draft"] == points and "not graded: 'draft <b>.ipynb'" in report.notes["with_draft"]
+
+    def first_cell(student):
+        return "".join(json.loads((course / "autograded" / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text())
+                       ["cells"][0]["source"])
+    assert f"grades the notebook 'Copy of {ASSIGNMENT}.ipynb'" in first_cell("colab")
+    page = first_cell("with_draft")
+    assert f"grades the notebook '{ASSIGNMENT}.ipynb'" in page and "Not graded:" in page and "<b>" not in page
 
 
 def test_metadata_is_recovered_from_cell_ids_only_where_it_was_lost():
