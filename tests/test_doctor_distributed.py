@@ -45,9 +45,10 @@ def test_correct_setups_have_no_error_or_warning(reports, setup):
 def test_severities_and_what_they_measured(reports):
     first = {s: {f.code: f for f in reports[s][0].findings} for s in reports}
     assert first["fsdp fp16, no scaler"]["fsdp-fp16-without-sharded-scaler"].severity == "error"
-    # measured on torch's DTensor gradients: a plain GradScaler's checks agreed, so a warning only
+    # FSDP2's gradients are DTensors, whose found_inf torch reduces over the ranks by design (its own
+    # FSDP2 test uses torch.amp.GradScaler): an info, not a warning
     plain = first["fsdp fp16, plain GradScaler"]["fsdp-fp16-without-sharded-scaler"]
-    assert plain.severity == "warning" and "agreed" in plain.message
+    assert plain.severity == "info" and "agreed" in plain.message
     unsynced = first["shards, unsynced scaler"]["unsynced-found-inf"]
     assert unsynced.severity == "error" and f"step {distributed.INF_STEP + 1}" in unsynced.message
     assert "rank 0" in unsynced.message and "rank 1 stepped" in unsynced.message

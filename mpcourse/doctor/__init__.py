@@ -59,7 +59,7 @@ codes apply (:mod:`mpcourse.doctor.distributed` runs broken and correct set-ups 
 ================================ ===================================================================
 fsdp-fp16-without-sharded-scaler FSDP2 with an FP16 ``param_dtype`` and no loss scaler (error), or a
                                  plain GradScaler instead of ShardedGradScaler (error if the ranks
-                                 disagreed on an inf, else a warning)
+                                 disagreed on an inf, else an info: DTensor reduces its check)
 half-reduce (warning)            gradients reduced across ranks in FP16/BF16 (FSDP2's
                                  ``reduce_dtype``, a DDP comm hook), with the relative error of one
                                  such reduction against the same reduction in FP32

@@ -224,11 +224,10 @@ def _fsdp_fp16(seen, session):
     elif _unsynced(seen, session):
         what = (f"with a plain {plain[0]}, not ShardedGradScaler: the ranks disagreed on an inf/NaN "
                 f"(see unsynced-found-inf)")
-    else:  # measured: on DTensor gradients its checks agreed across ranks in these steps
-        severity = "warning"
-        what = (f"with a plain {plain[0]}, not ShardedGradScaler, the scaler FSDP supports: its "
-                f"inf/NaN checks agreed across the ranks in these steps (torch reduced them over "
-                f"the DTensor gradient shards), which GradScaler does not promise")
+    else:  # FSDP2's gradients are DTensors: torch reduces found_inf over the shards (by design)
+        severity = "info"
+        what = (f"with a plain {plain[0]}: on FSDP2's DTensor gradients torch reduces its inf/NaN "
+                f"check over the ranks (as ShardedGradScaler does), and the ranks agreed in these steps")
     return [finding("fsdp-fp16-without-sharded-scaler", severity,
                     f"FSDP2 computes in FP16 (param_dtype=torch.float16) on rank {seen.rank} of "
                     f"{seen.world_size} {what}", f"MixedPrecisionPolicy of {_names(seen.fsdp_fp16)}")]

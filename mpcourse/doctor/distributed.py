@@ -17,7 +17,6 @@ from torch import nn
 
 BROKEN = {  # set-up -> the codes its report must hold (severity error or warning)
     "fsdp fp16, no scaler": {"fsdp-fp16-without-sharded-scaler"},
-    "fsdp fp16, plain GradScaler": {"fsdp-fp16-without-sharded-scaler"},  # a warning: see below
     "shards, unsynced scaler": {"unsynced-found-inf"},
 }
 # Trade-offs, not mistakes: gradients reduced in BF16 lose less than BF16 compute does at 2 ranks,
@@ -26,8 +25,8 @@ AT_SCALE = {
     "fsdp bf16, bf16 reduce": {"half-reduce"},
     "ddp, bf16 comm hook": {"half-reduce"},
 }
-CORRECT = ("fsdp fp16, ShardedGradScaler", "fsdp bf16, fp32 reduce", "ddp, fp32",
-           "shards, synced scaler")
+CORRECT = ("fsdp fp16, ShardedGradScaler", "fsdp fp16, plain GradScaler", "fsdp bf16, fp32 reduce",
+           "ddp, fp32", "shards, synced scaler")
 SETUPS = (*BROKEN, *AT_SCALE, *CORRECT)
 INF_STEP = 1  # in the scaled FP16 set-ups, rank 0 finds an inf in its gradient shard at this step
 
@@ -117,13 +116,12 @@ def diagnose_setups(setups=SETUPS, *, world_size: int = 2, steps: int = 3, seed:
     processes, all in one launch; ``{setup: [report of rank 0, report of rank 1, ...]}``.
 
     In every scaled set-up rank 0 alone finds an inf in its gradient shard at step
-    :data:`INF_STEP`. The broken set-ups (:data:`BROKEN`): FSDP2 in FP16 with no scaler, or with a
-    plain ``GradScaler`` (a warning: on FSDP2's DTensor gradients torch reduces its inf check over
-    the ranks, so they agree, but only ``ShardedGradScaler`` promises it); model parallelism by
-    hand (each rank its own weights, its own ``DynamicLossScaler``) with no agreement on the inf.
+    :data:`INF_STEP`. The broken set-ups (:data:`BROKEN`): FSDP2 in FP16 with no scaler; model
+    parallelism by hand (each rank its own weights, its own ``DynamicLossScaler``) with no agreement on the inf.
     The trade-offs that grow risky with the number of ranks (:data:`AT_SCALE`): gradients reduced
     in BF16 by FSDP2's ``reduce_dtype`` or by a DDP comm hook. The fixes (:data:`CORRECT`):
-    ``ShardedGradScaler``, an FP32 ``reduce_dtype``, DDP's own FP32 all-reduce,
+    ``ShardedGradScaler`` or a plain ``torch.amp.GradScaler`` (on FSDP2's DTensor gradients torch
+    reduces its inf check over the ranks: an info), an FP32 ``reduce_dtype``, DDP's own FP32 all-reduce,
     ``sync_found_inf`` between ``unscale_`` and ``step``.
     """
     from mpcourse.communication import run_workers

@@ -41,8 +41,9 @@ FIXES = {
         "Set torch.backends.cuda.matmul.fp32_precision ('ieee' or 'tf32') explicitly, with one "
         "API only: mixing it with allow_tf32 raises.",
     "fsdp-fp16-without-sharded-scaler":
-        "Use torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler (its inf check is "
-        "all-reduced over the ranks), or a BF16 param_dtype, which needs no loss scaling.",
+        "Use a loss scaler whose inf check covers every rank: ShardedGradScaler, or under FSDP2 "
+        "torch.amp.GradScaler (DTensor reduces its check over the ranks); or a BF16 param_dtype, "
+        "which needs no loss scaling.",
     "half-reduce":
         "Reduce gradients in FP32: MixedPrecisionPolicy(param_dtype=..., reduce_dtype=torch.float32) "
         "under FSDP2, no compressing comm hook (or one with error feedback) under DDP.",
