@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from grader import course, gradebook, schedule
-from grader.report import print_report, print_table, printable
+from grader.report import one_line, print_report, print_table
 
 COMMANDS = ["collect", "grade", "prepare", "pack-feedback", "export", "release", "check", "demo"]
 
@@ -49,7 +49,7 @@ def grade_course(folder: Path, assignment: str, timeout: int, sandbox: bool, **o
         print_table(assignment, report.scores, test_points(assignment))
     print_report(report)
     for student, why in sorted(pageless.items()):
-        print(printable(f"  NO FEEDBACK PAGE for {student} (their grade is written): {why}"))
+        print(one_line(f"  NO FEEDBACK PAGE for {student} (their grade is written): {why}"))
     if not report.feedback and graded:
         print(f"  feedback NOT rebuilt (--no-feedback): the pages in {folder / 'feedback'} are those of an earlier "
               "run, and may show earlier scores; grade without --no-feedback to rebuild them")

@@ -52,7 +52,7 @@ from nbgrader.plugins import FileNameCollectorPlugin
 from grader.course import BIN, ROOT
 from grader.gradebook import STUDENT_ID_CHARS
 from grader.notebooks import NOTEBOOK_BYTES
-from grader.report import printable
+from grader.report import one_line, printable
 
 CANVAS = re.compile(r"^(?P<person>[\w.\-]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<submission>\d+)_(?P<name>.+)$",
                     re.I)  # \w: a name may hold any letter (müllerjürgen)
@@ -253,19 +253,19 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
     for line in [f"skipped {name}: {why}" for name, why in skipped.items()] + [
             line.split("] ", 1)[-1] for line in log.splitlines()
             if "LATE:" in line or "LONG ID:" in line or "skipped" in line.lower()]:
-        print(" ", printable(line))
+        print(" ", one_line(line))
     students = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
-    print(printable(f"{len(students)} submissions of {assignment} in {course / 'submitted'}: {', '.join(students)}"))
+    print(one_line(f"{len(students)} submissions of {assignment} in {course / 'submitted'}: {', '.join(students)}"))
     parse = {"canvas": canvas, "moodle": moodle}[lms]
     remember(course, assignment, lms, {student: upload for student, upload in latest_uploads(archive, parse).items()
                                        if student in students})
     uploaders = {info["student_id"] for name in skipped if (info := parse(Path(name))) and info["student_id"]}
     for student in sorted(uploaders - set(students)):  # e.g. a notebook handed in zipped
-        print(printable(f"  NOT COLLECTED {student}: uploaded files, none of them a notebook (see the skipped lines): "
+        print(one_line(f"  NOT COLLECTED {student}: uploaded files, none of them a notebook (see the skipped lines): "
                         "ask them for the .ipynb, or put it in submitted/ by hand"))
     for student, files in sorted(refused_owners(archive, parse).items()):
         if student not in students and student not in uploaders:
-            print(printable(f"  NOT COLLECTED {student}: their only notebook(s) were refused ({'; '.join(files)}): "
+            print(one_line(f"  NOT COLLECTED {student}: their only notebook(s) were refused ({'; '.join(files)}): "
                             f"if one is theirs, put it in submitted/{student}/{assignment}/{assignment}.ipynb by hand"))
 
 

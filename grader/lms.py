@@ -32,7 +32,7 @@ from pathlib import Path
 from grader.collect import LMS_FILE
 from grader.gradebook import db_url, scores
 from grader.notebooks import grade_id, read_notebook
-from grader.report import printable
+from grader.report import one_line
 
 CANVAS_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
 MOODLE_COLUMNS = ["Identifier", "Full name", "Email address", "Status", "Grade", "Maximum Grade",
@@ -82,13 +82,13 @@ def export_grades(course: Path, assignment: str, lms: str, to: Path, url: str | 
             for student in sorted(exported):
                 rows.writerow([f"{MOODLE_PARTICIPANT}{students[student]['user']}", students[student]["name"], "", "",
                                number(exported[student]), number(most), "Yes", stamp])
-    print(printable(f"{len(exported)} grades of {assignment} for {lms} in {to}"))
+    print(one_line(f"{len(exported)} grades of {assignment} for {lms} in {to}"))
     for student in sorted(set(students) - set(graded)):
-        print(printable(f"  NOT EXPORTED {student}: collected, but no grade in the gradebook (grade {assignment} first)"))
+        print(one_line(f"  NOT EXPORTED {student}: collected, but no grade in the gradebook (grade {assignment} first)"))
     for student in sorted(set(graded) - set(students)):
-        print(printable(f"  NOT EXPORTED {student}: graded, but not collected from {lms} (no {lms} id): enter by hand"))
+        print(one_line(f"  NOT EXPORTED {student}: graded, but not collected from {lms} (no {lms} id): enter by hand"))
     for student in sorted(s for s in exported if students[s]["late"]):
-        print(printable(f"  LATE: {student} handed in {assignment} late ({students[student]['file']})"))
+        print(one_line(f"  LATE: {student} handed in {assignment} late ({students[student]['file']})"))
     return exported
 
 
@@ -114,7 +114,7 @@ def pack_feedback(course: Path, assignment: str, lms: str, out: Path) -> Path:
                 continue
             zipped.write(page, upload_name(lms, assignment, entry))
             packed += 1
-    print(printable(f"{packed} feedback pages of {assignment} for {lms} in {archive}"))
+    print(one_line(f"{packed} feedback pages of {assignment} for {lms} in {archive}"))
     for student in missing:
-        print(printable(f"  NO FEEDBACK for {student}: grade the assignment first (python -m grader grade {assignment})"))
+        print(one_line(f"  NO FEEDBACK for {student}: grade the assignment first (python -m grader grade {assignment})"))
     return archive

@@ -51,12 +51,63 @@ HELP_LINE = re.compile(r"^\s*(\?{1,2}[\w.]+|[\w.]+\?{1,2})\s*(#.*)?$")
 MAGIC_ASSIGNMENT = re.compile(r"^\s*[\w.]+(\s*,\s*[\w.]+)*\s*=\s*[%!]")
 
 
+def ipython_line(line: str) -> bool:
+    return line.lstrip().startswith(("%", "!")) or bool(HELP_LINE.match(line) or MAGIC_ASSIGNMENT.match(line))
+
+
+def logical_starts(lines: list[str]) -> list[bool]:
+    """Whether each line begins a logical line of Python: not inside brackets, a string that spans
+    lines, or after a backslash. IPython reads `%`, `!` and `?` as its own only there (red team 45e,
+    A02: a `% value` continuation line, black's `!= p` line inside brackets were commented out)."""
+    starts, depth, quote, continued = [], 0, None, False
+    for line in lines:
+        starts.append(depth == 0 and quote is None and not continued)
+        continued = False
+        if starts[-1] and ipython_line(line):
+            continue  # IPython's own: its text is not Python
+        i = 0
+        while i < len(line):
+            char = line[i]
+            if quote:
+                if char == "\\":
+                    i += 2
+                    continue
+                if line.startswith(quote, i):
+                    i, quote = i + len(quote), None
+                    continue
+                i += 1
+                continue
+            if char == "#":
+                break
+            if char in "\"'":
+                quote = line[i:i + 3] if line[i:i + 3] in ('"""', "'''") else char
+                i += len(quote)
+                continue
+            depth += (char in "([{") - (char in ")]}" and depth > 0)
+            continued = char == "\\" and i == len(line) - 1
+            i += 1
+        if quote in ('"', "'") and not line.endswith("\\"):
+            quote = None  # an unterminated one-line string: a SyntaxError the runner reports
+    return starts
+
+
 def without_magics(source: str) -> str:
     """A cell as plain Python: IPython's %magics, !shell and help (`name?`) lines, and assignments
-    from them, become comments (the name assigned is then undefined: a try-out's result)."""
-    return "\n".join(f"# (not run by the grader) {line}"
-                     if line.lstrip().startswith(("%", "!")) or HELP_LINE.match(line) or MAGIC_ASSIGNMENT.match(line)
-                     else line for line in source.split("\n"))
+    from them, at the start of a logical line, become `pass` with the line as a comment (the block
+    they stand in stays a block; a name assigned is then undefined: a try-out's result)."""
+    lines, out, previous = source.split("\n"), [], ""
+    for line, start in zip(lines, logical_starts(lines)):
+        if start and ipython_line(line):
+            indent = line[:len(line) - len(line.lstrip())]
+            in_block = indent and (previous.rstrip().endswith(":") or
+                                   len(previous) - len(previous.lstrip()) >= len(indent))
+            # In a block: `pass`, so that the block is not left empty; elsewhere a comment (an
+            # indented line outside any block would be an IndentationError as `pass`).
+            line = f"{indent}pass  # (not run by the grader) {line.lstrip()}" if in_block else f"# (not run by the grader) {line}"
+        out.append(line)
+        if line.strip() and not line.lstrip().startswith("#"):
+            previous = line
+    return "\n".join(out)
 
 
 def part_of(test_or_solution_id: str) -> str:

@@ -5,6 +5,7 @@ prints data the grader collected.
     print_table(assignment, graded, points)    # graded: {student: {test cell: points}}
     print_report(report, messages=True)        # report: grader.schedule.Report
     printable(text) -> text                    # student-controlled text made safe for a terminal
+    one_line(text) -> text                     # and on one line
 
 Every line printed goes through `printable`: a student chooses their messages, file names and
 answers, and a terminal obeys the control characters in them (move the cursor, erase the lines
@@ -21,6 +22,13 @@ def printable(text) -> str:
                    else char.encode("unicode_escape").decode() for char in str(text))
 
 
+def one_line(text) -> str:
+    """`printable(text)` with its newlines written as `\\n`: one line of the report, whatever a
+    student put in it (red team 45e, A03: a feedback run's stderr, quoted in a note, forged
+    `READ` and `NOT GRADED` lines about classmates)."""
+    return printable(str(text).replace("\n", "\\n"))
+
+
 def print_table(assignment: str, graded: dict[str, dict[str, float]], points: dict[str, float]) -> None:
     print(f"\n{assignment}  (max {sum(points.values()):g})")
     print(f"{'student':26}" + "".join(f"{gid:>10}" for gid in points) + f"{'total':>8}")
@@ -34,12 +42,12 @@ def print_report(report, messages: bool = True) -> None:
     message (as the runner gave it: never shown to students as is) and answers to read by hand."""
     for student, why in sorted(report.not_graded.items()):
         fate = "no grade written: the next run grades them" if student in report.unwritten else "recorded as 0"
-        print(printable(f"  NOT GRADED {student}: {why} ({fate})"))
+        print(one_line(f"  NOT GRADED {student}: {why} ({fate})"))
     for student, note in sorted(report.notes.items()):
-        print(printable(f"  note on {student}: {note}"))
+        print(one_line(f"  note on {student}: {note}"))
     for student, failed in sorted(report.messages.items()) if messages else ():
         for test, message in failed.items():
             print(printable(f"  {student} {test} failed: {' '.join(str(message).split())[:300]}"))
     for student, parts in sorted(report.flags.items()):
         for part, why in parts.items():
-            print(printable(f"  READ {student} {part}: its answer {', '.join(why)}"))
+            print(one_line(f"  READ {student} {part}: its answer {', '.join(why)}"))

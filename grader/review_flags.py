@@ -13,13 +13,16 @@ import ast
 import re
 import threading
 
-from grader.notebooks import grade_id, source_text
+from grader.notebooks import grade_id, source_text, without_magics
 
-IPYTHON_HELP = re.compile(r"[\w.]+\?\??")   # `naive_softmax?`: IPython's help, not Python
 PARSING = threading.Lock()      # CPython 3.11's ast.parse is not safe in two threads at once
 # An answer cell is parsed in the grader's own process only up to this length: a 4 MB cell of one
 # list took 2 GB to parse (red team 45 A02). No honest answer cell is near it.
 PARSED_CHARS = 200_000
+# Nor a notebook whose answer cells hold more than this in all: 100 answer cells just under
+# PARSED_CHARS each took one grading from about 60 s to 1,154 s (red team 45e, A04). The largest
+# solution cell holds 8,452 characters.
+ANSWER_CHARS = 400_000
 # Nor one holding more braces than this: CPython 3.11 parses f-string fields in quadratic time (a cell
 # of 66,000 `{a}` fields took 3.8 s a parse, 25 s in all, under the lock every worker needs: red team
 # 45c, A04). No honest answer cell holds a thousand.
@@ -34,12 +37,6 @@ def not_parsed(text: str) -> str | None:
     if text.count("{") > BRACES:
         return f"holds more than {BRACES:,} braces: not read here"
     return None
-
-
-def _as_python(source: str) -> str:
-    """IPython's own lines (`%timeit`, `!ls`, `name?`, `?name`) commented out: the rest is Python."""
-    return "\n".join("#" + line if line.lstrip().startswith(("%", "!", "?")) or IPYTHON_HELP.fullmatch(line.strip())
-                     else line for line in source.split("\n"))
 
 
 # What an answer needs no part of: reaching into the runner, the system or the libraries. Each is
@@ -105,7 +102,7 @@ def review_flags(submission: dict) -> dict[str, list[str]]:
             if not_parsed(text):
                 raise ValueError(not_parsed(text))
             with PARSING:
-                tree = ast.parse(_as_python(text))
+                tree = ast.parse(without_magics(text))  # as the runner reads it (red team 45e, A05)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             found.add(not_parsed(text) or "cannot be parsed")
             tree = ast.Module(body=[], type_ignores=[])

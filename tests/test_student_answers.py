@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import fabricate, feedback, judge, no_threads, notebooks, runs, withheld
+from grader import fabricate, feedback, judge, no_threads, notebooks, review_flags, runs, withheld
 from grader.course import assignments
 from tests.shared import once_per_run, run_folder
 
@@ -227,6 +227,54 @@ def test_a_scratch_copy_below_the_test_cell_is_not_graded_and_a_moved_test_cell_
     assert len(part3_cells(cells[:test] + [scratch] + cells[test:])) == 2  # above the test: both run, in order
     moved = cells[:answer] + [cells[test], cells[answer]] + [c for c in cells[answer + 1:] if c is not cells[test]]
     assert part3_cells(moved) == [notebooks.source_text(cells[answer])]
+
+
+def test_ipython_lines_are_read_only_where_ipython_reads_them_and_leave_no_block_empty():
+    """Red team 45e, A02: three honest ex4 answers that run in Jupyter lost a part each: a `%`
+    continuation line and black's `!= p` line inside brackets were commented out, and an indented
+    `!nvidia-smi`, the only line of its block, left the block empty."""
+    import ast
+    continued = 'message = ("... got %s"\n           % type(x).__name__)'
+    black = "bad = (\n    p\n    != p\n).any(dim=-1)"
+    shell = 'if device == "cuda":\n    !nvidia-smi\nx = 1'
+    for cell in (continued, black):
+        assert notebooks.without_magics(cell) == cell
+    assert notebooks.without_magics(shell) == 'if device == "cuda":\n    pass  # (not run by the grader) !nvidia-smi\nx = 1'
+    inside = "def f(x):\n    %time y = g(x)\n    return x"
+    assert "    pass  # (not run by the grader) %time y = g(x)" in notebooks.without_magics(inside)
+    strings = 's = """\n%not a magic\n"""\nt = 1 + \\\n    2'
+    assert notebooks.without_magics(strings) == strings
+    for cell in (continued, black, shell, inside, strings):
+        ast.parse(notebooks.without_magics(cell))
+    # The review's flags read the answer as the runner does (A05: one %timeit line hid them all)
+    flagged = review_flags.review_flags({"cells": [{"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "p1_solution"}},
+                                                    "source": "import sys\nt = %timeit -o f(x)\nframe = sys._getframe(1)\n"}]})
+    assert "reads the call stack" in flagged["p1"] and "cannot be parsed" not in flagged["p1"]
+
+
+def test_an_answer_too_long_in_all_is_not_graded_and_the_report_stays_one_line_per_fact(tmp_path, capsys):
+    """Red team 45e: A04, 100 answer cells just under the one-cell cap took a grading from about 60 s
+    to 1,154 s (the grader's own process parses each); A03, a feedback run's stderr quoted with its
+    newlines forged READ and NOT GRADED lines about classmates."""
+    from grader import report as reports
+    from grader import schedule
+    assignment = "ex4_softmax_stability"
+    source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    release = notebooks.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
+    submission = json.loads(json.dumps(source))
+    answer = next(c for c in submission["cells"] if notebooks.grade_id(c) == "p1_solution")
+    submission["cells"] += [{**answer, "source": "x = 1\n" * 30_000} for _ in range(3)]
+    folder = tmp_path / "submitted" / "mallory" / assignment
+    folder.mkdir(parents=True)
+    (folder / f"{assignment}.ipynb").write_text(json.dumps(submission))
+    verdicts, _, problem, _, _ = schedule.grade_student(tmp_path, assignment, "mallory", None, source, release, SECRET,
+                                                        60, False, False)
+    assert verdicts is None and "characters in all, more than the 400,000 the grader reads" in problem
+    forged = schedule.Report(notes={"eve": "its notebook run failed (x\n  READ alice p1: its answer reads the call stack)"},
+                            not_graded={"bob": "a\nNOT GRADED carol: x"})
+    reports.print_report(forged)
+    printed = capsys.readouterr().out.splitlines()
+    assert not any(line.startswith(("  READ alice", "NOT GRADED carol")) for line in printed) and len(printed) == 2
 
 
 def test_help_lines_are_comments_and_a_question_mark_elsewhere_is_not_touched():
