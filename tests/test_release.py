@@ -39,6 +39,11 @@ def test_the_version_is_semantic_and_the_package_reports_it():
     assert mpcourse.__version__ == VERSION
 
 
+def test_the_students_page_names_the_version_the_notebooks_install():
+    page = (ROOT / release.STUDENTS_PAGE).read_text()
+    assert f"**version {VERSION}** (the\n  repository's tag `v{VERSION}`)" in page
+
+
 def test_every_install_cell_the_package_and_the_changelog_agree():
     changelog = (ROOT / "CHANGELOG.md").read_text()
     assert "## [Unreleased]" in changelog
@@ -58,7 +63,7 @@ API_SECTIONS = ("### Added", "### Changed", "### Deprecated", "### Removed")
 def unreleased_api_changes(changelog: str) -> list[str]:
     """The public-API sections ("### Added", ...) listed under "## [Unreleased]"."""
     unreleased = changelog.split("## [Unreleased]", 1)[1].split("\n## [", 1)[0]
-    return [line.strip() for line in unreleased.splitlines() if line.strip() in API_SECTIONS]
+    return [line.strip() for line in unreleased.splitlines() if line.strip().split(" (")[0] in API_SECTIONS]
 
 
 def test_a_public_api_change_is_released_in_the_same_change():
@@ -75,6 +80,8 @@ def test_the_unreleased_check_sees_api_sections_and_lets_fixes_through():
     tail = "\n## [0.1.0] - 2026-01-01\n\n### Added\n- old\n"
     assert unreleased_api_changes(head + "### Fixed\n- a typo\n" + tail) == []
     assert unreleased_api_changes(head + "### Added\n- `doctor`\n### Fixed\n- x\n" + tail) == ["### Added"]
+    # A heading that names its issue is the same section (it let API changes through unreleased)
+    assert unreleased_api_changes(head + "### Changed (issue 47)\n- x\n" + tail) == ["### Changed (issue 47)"]
 
 
 def test_a_release_moves_the_version_the_changelog_and_the_notebooks_together(tmp_path):
@@ -101,6 +108,7 @@ def test_a_release_moves_the_version_the_changelog_and_the_notebooks_together(tm
     assert "## [Unreleased]\n\n## [99.0.0] - 2030-01-02\n\n### Fixed\n- a test entry" in text
     assert f"## [{VERSION}]" in text  # older entries are kept
     assert all("@v99.0.0" in source for source in install_cells(tmp_path).values())
+    assert "**version 99.0.0** (the\n  repository's tag `v99.0.0`)" in (tmp_path / release.STUDENTS_PAGE).read_text()
 
 
 @pytest.mark.parametrize("workflow", WORKFLOWS, ids=lambda p: p.name)

@@ -5,7 +5,8 @@ A release makes the book, its notebooks and the library agree on one version:
 1. the working tree must be clean and CHANGELOG.md must have entries under "Unreleased";
 2. pyproject.toml gets the new version (the only place it is written);
 3. CHANGELOG.md's "Unreleased" entries move under "[x.y.z] - <today>";
-4. every notebook's Colab set-up cell installs `mpcourse` at the tag `vx.y.z`
+4. every notebook's Colab set-up cell installs `mpcourse` at the tag `vx.y.z`, and the students'
+   page (book/how_to_use_students.md) names that version
    (tools/sync_colab_cells.py), and the student release `exercises/` is regenerated from
    `solutions/` (`python -m grader release`), so released notebooks install the same library;
 5. the result is committed and tagged `vx.y.z`. Push the commit and the tag yourself.
@@ -27,6 +28,7 @@ import sync_colab_cells  # noqa: E402
 
 SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)")
 UNRELEASED = "## [Unreleased]"
+STUDENTS_PAGE = "book/how_to_use_students.md"
 
 
 def parse(version: str) -> tuple[int, int, int]:
@@ -62,6 +64,11 @@ def bump(root: Path, version: str, today: datetime.date) -> None:
     if count != 1:
         raise SystemExit("release: no `version = \"...\"` line in pyproject.toml")
     pyproject.write_text(text)
+    students = root / STUDENTS_PAGE
+    if students.is_file():  # the version the book describes, said where students read it
+        students.write_text(re.sub(r"\*\*version \d+\.\d+\.\d+\*\* \(the\n?(\s*)repository's tag `v\d+\.\d+\.\d+`\)",
+                                   lambda m: f"**version {version}** (the\n{m.group(1)}repository's tag `v{version}`)",
+                                   students.read_text()))
     sync_colab_cells.sync_all(root)
 
 
