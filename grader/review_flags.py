@@ -10,7 +10,6 @@ answers are not flagged (the tests check every exercise's solutions), and an ans
 tricks well may not be.
 """
 import ast
-import re
 import threading
 
 from grader.notebooks import grade_id, source_text, without_magics
