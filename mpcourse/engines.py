@@ -50,7 +50,8 @@ class HookState:
 
     ``bucket_dtypes``: the dtype of every bucket the hook received; ``wire_bytes``: the bytes this
     rank sent over the links (ring all-reduce ``2 (N-1)/N * message``, ring all-gather
-    ``(N-1) * message``); ``residuals``: per bucket, what error feedback has not sent yet;
+    ``(N-1) * message``); ``residuals``: per parameter (by ``id``), what error feedback has not
+    sent yet;
     ``sent`` and ``changed``: how many values went on the wire, and how many of them the cast to
     the wire format changed (against the exact ``g / N``), ``largest_changed`` the largest
     magnitude among those.
@@ -136,14 +137,18 @@ def fp8_hook(state: HookState, bucket):
     buffer = bucket.buffer()
     state.bucket_dtypes.append(buffer.dtype)
     n = dist.get_world_size(state.process_group)
-    key = (bucket.index(), buffer.numel())
+    # The residuals are kept per parameter, not per bucket: DDP rebuilds its buckets after the
+    # first iteration, and a bucket's index then holds other parameters, or the same in another order.
+    params = bucket.parameters()
     corrected = buffer.float() / n
-    if state.feedback and key in state.residuals:
-        corrected = corrected + state.residuals[key]
+    if state.feedback:
+        corrected = corrected + torch.cat([state.residuals.get(id(p), torch.zeros(p.numel()))
+                                           for p in params])
     message = quantize(corrected, state.fmt)
     state.record_cast(corrected.double(), message.dequantize())
     if state.feedback:
-        state.residuals[key] = corrected - message.dequantize()
+        left = (corrected - message.dequantize()).split([p.numel() for p in params])
+        state.residuals.update({id(p): r for p, r in zip(params, left)})
     state.wire_bytes += (n - 1) * (message.data.numel() + 4)
     buffer.copy_(_gather_sums([message], n)[0])
     future = torch.futures.Future()

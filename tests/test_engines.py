@@ -201,3 +201,41 @@ def test_saved_for_backward_counts_autocast_weight_copies():
     assert fp32["copies"] == 0 and fp32[torch.bfloat16] == 0 and fp32[torch.float32] > 0
     assert amp["copies"] > 0 and amp[torch.bfloat16] > 0
     assert sum(amp.values()) < sum(fp32.values())
+
+
+class _Bucket:
+    """What the FP8 hook reads of DDP's ``GradBucket``: the flat buffer of its parameters'
+    gradients, in the order of ``parameters()``, and its index."""
+
+    def __init__(self, params, grads):
+        self._params, self._buffer = params, torch.cat([g.flatten() for g in grads])
+
+    def buffer(self):
+        return self._buffer
+
+    def parameters(self):
+        return self._params
+
+    def index(self):
+        return 0
+
+
+def test_fp8_error_feedback_follows_each_parameter_when_ddp_rebuilds_its_buckets(monkeypatch):
+    """DDP rebuilds its buckets after the first iteration: bucket 0 then holds the same parameters
+    in another order. Error feedback must carry each parameter's residual to that parameter, so
+    that what it delivered over the steps plus what it still holds is the sum of its gradients."""
+    monkeypatch.setattr(engines.dist, "get_world_size", lambda group=None: 1)
+    monkeypatch.setattr(engines, "_gather_sums", lambda messages, n: [m.dequantize() for m in messages])
+    a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(5))
+    gen = torch.Generator().manual_seed(0)
+    grads = [{a: torch.randn(3, generator=gen), b: torch.randn(5, generator=gen) * 100} for _ in range(3)]
+    state = engines.HookState(feedback=True)
+    delivered = {a: torch.zeros(3), b: torch.zeros(5)}
+    for step, order in enumerate([(a, b), (b, a), (b, a)]):  # the buckets rebuilt after step 0
+        out = engines.fp8_hook(state, _Bucket(list(order), [grads[step][p] for p in order])).wait()
+        for p, part in zip(order, out.split([p.numel() for p in order])):
+            delivered[p] += part
+    for p in (a, b):
+        total = sum(g[p] for g in grads)
+        assert torch.allclose(delivered[p] + state.residuals[id(p)], total, rtol=0, atol=1e-4)
+        assert not torch.equal(state.residuals[id(p)], torch.zeros_like(total))  # FP8 did round
