@@ -160,6 +160,21 @@ def test_ex2_part1_accepts_a_float32_mean_and_still_rejects_one_element_counted_
     assert not verdicts["p1_tests"]["passed"] and "fp16_survivors of 20000" in verdicts["p1_tests"]["message"]
 
 
+def test_ex4_part4_accepts_a_float32_mean_and_still_rejects_one_row_counted_wrong():
+    """Issue 48, item 3: the fractions were compared with rtol=0, so an honest float32 mean
+    (0.0975 as 0.097499996...) lost Part 4."""
+    solution = fabricate.solution_cells("ex4_softmax_stability")["p4_solution"]
+    float32_mean = solution.replace("torch.isnan(p).any(dim=-1).double().mean().item()",
+                                    "torch.isnan(p).any(dim=-1).float().mean().item()")
+    assert float32_mean != solution
+    verdicts, _ = run("ex4_softmax_stability", {"p4_solution": float32_mean}, only="p4")
+    assert verdicts["p4_tests"]["passed"], verdicts["p4_tests"]
+    one_more = solution.replace("torch.isnan(p).any(dim=-1).double().mean().item()",
+                                "(torch.isnan(p).any(dim=-1).sum().item() + 1) / rows")
+    verdicts, _ = run("ex4_softmax_stability", {"p4_solution": one_more}, only="p4")
+    assert not verdicts["p4_tests"]["passed"] and "fraction of rows with NaN" in verdicts["p4_tests"]["message"]
+
+
 def test_honest_notebook_habits_in_an_answer_cell_keep_their_points():
     solution = fabricate.solution_cells("ex2_loss_scaling")["p1_solution"]
     habits = solution + ("\n\ntorch.nextafter?\n?torch.finfo\ntorch.float16??  # the docs\n"
