@@ -175,6 +175,42 @@ def test_ex4_part4_accepts_a_float32_mean_and_still_rejects_one_row_counted_wron
     assert not verdicts["p4_tests"]["passed"] and "fraction of rows with NaN" in verdicts["p4_tests"]["message"]
 
 
+def in_float32(source: str) -> str:
+    """The same answer computed in float32 where it computed in float64 (an honest habit)."""
+    return (source.replace(".double()", ".float()").replace("torch.float64", "torch.float32")
+            .replace("dtype=torch.double", "dtype=torch.float"))
+
+
+# Parts whose task asks for float64 itself (the float32 version is then not the task), with the
+# words of the task that ask.
+FLOAT64_TASKS = {
+    ("ex1_precision_comparison", "p1"): "measured against float64",
+    ("ex1_precision_comparison", "p2"): "measured against float64",  # Part 2 calls Part 1's function
+    ("ex1_precision_comparison", "p4"): "compare in float64",
+    ("ex3_dynamic_range", "p1"): "computing in float64",
+    ("ex3_dynamic_range", "p3"): "(computed in float64;",
+    ("ex4_softmax_stability", "p3"): "(in FP64 if `x` is FP64)",
+}
+FLOAT32_PARTS = sorted({(a, notebooks.part_of(gid)) for a in assignments()
+                        for gid, src in fabricate.solution_cells(a).items() if in_float32(src) != src}
+                       - set(FLOAT64_TASKS))
+
+
+def test_every_part_excused_from_float32_asks_for_float64_in_its_task():
+    for (assignment, part), words in FLOAT64_TASKS.items():
+        text = (ROOT / "exercises" / assignment / f"{assignment}.ipynb").read_text()
+        assert words in text, (assignment, part, words)
+    assert ("ex4_softmax_stability", "p4") in FLOAT32_PARTS and ("ex2_loss_scaling", "p1") in FLOAT32_PARTS
+
+
+@pytest.mark.parametrize("assignment, part", FLOAT32_PARTS)
+def test_a_float32_version_of_the_solution_keeps_its_points(assignment, part):
+    """Issue 48, item 3: every part whose task leaves the dtype free, handed in computed in float32."""
+    answers = {gid: in_float32(src) for gid, src in fabricate.solution_cells(assignment).items()}
+    verdicts, _ = run(assignment, answers, only=part)
+    assert verdicts[f"{part}_tests"]["passed"], verdicts[f"{part}_tests"]
+
+
 def test_honest_notebook_habits_in_an_answer_cell_keep_their_points():
     solution = fabricate.solution_cells("ex2_loss_scaling")["p1_solution"]
     habits = solution + ("\n\ntorch.nextafter?\n?torch.finfo\ntorch.float16??  # the docs\n"
