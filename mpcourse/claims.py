@@ -178,8 +178,22 @@ class Paired:
     def __str__(self) -> str:
         """One line for the reader: ``"+0.0120 ± 0.0040 (mean ± sd over 5 paired seeds; t = 6.71,
         p = 0.0026): beyond noise"``."""
-        return (f"{self.mean:+.3g} ± {self.sd:.2g} (mean ± sd over {len(self.seeds)} paired {self.unit}; "
-                f"t = {self.t:.2f}, p = {self.p:.2g}): {self.verdict}")
+        return format(self, "")
+
+    def __format__(self, spec: str) -> str:
+        """``f"{result}"`` is ``str(result)``. ``f"{result:pp}"`` is the same line for outcomes that
+        are fractions shown elsewhere in percent (errors, accuracies): the mean and sd in percentage
+        points, ``"+1.2 pp ± 0.4 pp (mean ± sd over 5 paired seeds; ...)"``; t and p do not change.
+
+        >>> result = paired_difference([0.137, 0.120, 0.151], [0.110, 0.094, 0.123], seeds=(0, 1, 2))
+        >>> f"{result:pp}".split(" (")[0]
+        '+2.7 pp ± 0.1 pp'
+        """
+        if spec not in ("", "pp"):
+            raise ValueError(f"a Paired result formats as '' (as computed) or 'pp' (percentage points), not {spec!r}")
+        scale, suffix = (100, " pp") if spec == "pp" else (1, "")
+        return (f"{scale * self.mean:+.3g}{suffix} ± {scale * self.sd:.2g}{suffix} (mean ± sd over {len(self.seeds)} "
+                f"paired {self.unit}; t = {self.t:.2f}, p = {self.p:.2g}): {self.verdict}")
 
 
 def paired_difference(run_a, run_b, seeds=(0, 1, 2, 3, 4), *, unit: str = "seeds") -> Paired:

@@ -180,6 +180,15 @@ def test_the_sentence_names_what_the_pairs_are():
         paired_difference([1.0, 2.0, 3.5], [0.9, 1.8, 3.45], seeds=(7, 8, 9), unit="")
 
 
+def test_differences_of_fractions_format_in_percentage_points():
+    result = paired_difference([0.137, 0.120, 0.151], [0.110, 0.094, 0.123], seeds=(0, 1, 2), unit="batches")
+    assert f"{result}" == str(result) and str(result).startswith(f"{result.mean:+.3g} ± {result.sd:.2g} (")
+    assert f"{result:pp}" == (f"{100 * result.mean:+.3g} pp ± {100 * result.sd:.2g} pp (mean ± sd over 3 paired batches; "
+                              f"t = {result.t:.2f}, p = {result.p:.2g}): {result.verdict}")
+    with pytest.raises(ValueError, match="percentage points"):
+        f"{result:.2f}"
+
+
 def test_a_difference_the_same_on_every_seed_is_certain_and_none_at_all_is_no_difference():
     same = paired_difference([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], seeds=(0, 1, 2))
     assert (same.t, same.p, same.beyond_noise, same.verdict) == (0.0, 1.0, False, "within noise")
