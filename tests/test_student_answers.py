@@ -123,6 +123,58 @@ def test_the_instructors_solutions_pass_the_visible_bad_input_checks(assignment)
     assert all(v["passed"] for v in verdicts.values()), verdicts
 
 
+def is_check(statement) -> bool:
+    """`if ...: raise ...` with no else: one input check of a solution."""
+    return isinstance(statement, ast.If) and not statement.orelse and all(isinstance(b, ast.Raise) for b in statement.body)
+
+
+def without_check(source: str, k: int) -> str:
+    """`source` without its k-th input check (in the order of ast.walk), the rest unchanged."""
+    tree = ast.parse(source)
+    target = [n for n in ast.walk(tree) if is_check(n)][k]
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if isinstance(block, list) and any(s is target for s in block):
+                block[:] = [s for s in block if s is not target] or [ast.Pass()]
+    return ast.unparse(tree)
+
+
+def without_each_check(assignment: str, visible: bool) -> dict:
+    """For each input check of each solution cell, whether its part passes without that check:
+    {(cell, k): passed}. One run of the hidden-test runner in all: each variant is a part of its own."""
+    cells = fabricate.solution_cells(assignment)
+    variants = [(gid, k) for gid, src in cells.items() for k in range(sum(map(is_check, ast.walk(ast.parse(src)))))]
+    parts, student = [], None
+    for i, (gid, k) in enumerate(variants):
+        student = jobs(assignment, {gid: without_check(cells[gid], k)}, visible)[1]
+        part = next(p for p in student["parts"] if notebooks.part_of(p["test_id"]) == notebooks.part_of(gid))
+        parts.append({**part, "test_id": f"variant {i}"})
+    if not parts:
+        return {}
+    records = runner({**student, "parts": parts}, library(assignment))
+    reference = reference_record(assignment, visible)
+    return {(gid, k): judge.judge_part(reference[f"{notebooks.part_of(gid)}_tests"], records[f"variant {i}"])["passed"]
+            for i, (gid, k) in enumerate(variants)}
+
+
+@pytest.mark.parametrize("assignment", assignments())
+def test_every_input_check_the_hidden_tests_grade_is_tried_by_a_visible_test(assignment):
+    """Issue 48, item 2: the ticks predict the grade. For each input check of the solution (`if
+    ...: raise ...`), the solution without it: where the hidden tests then take the part's points,
+    the visible tests must fail too (ex1 Part 1 lost all its points to an empty-input check that no
+    visible test tried)."""
+    hidden, visible = without_each_check(assignment, False), without_each_check(assignment, True)
+    solution = fabricate.solution_cells(assignment)
+
+    def condition(gid, k):
+        return ast.unparse([n for n in ast.walk(ast.parse(solution[gid])) if is_check(n)][k].test)
+
+    missed = [f"{gid}: if {condition(gid, k)}: raise" for (gid, k), passed in hidden.items()
+              if not passed and visible[gid, k]]
+    assert not missed, missed
+
+
 def test_ex7_a_non_module_says_a_type_error_was_expected_not_only_what_went_wrong():
     answers = {gid: unchecked(src) for gid, src in fabricate.solution_cells("ex7_fp16_nan_hunt").items()
                if notebooks.part_of(gid) == "p1"}
