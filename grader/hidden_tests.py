@@ -93,9 +93,23 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"[:2000] if text else type(error).__name__
 
 
+class Shell:
+    """`get_ipython()` as a notebook exported to Python calls it: `get_ipython().run_line_magic("time",
+    "f(x)")` for `%time f(x)`, `.system("ls")` for `!ls`. Like those lines in a cell (grader/notebooks.py,
+    `without_magics`), each call runs nothing and gives None (issue 48: a NameError cost the part)."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
+
+
 # What a notebook gives an answer cell that plain Python does not: display(...) shows (here: to
-# nowhere), input() waits for an answer (here: an empty one, as if the student pressed Enter).
-NOTEBOOK_HABITS = {"display": lambda *objects, **options: None, "input": lambda prompt="": ""}
+# nowhere), input() waits for an answer (here: an empty one, as if the student pressed Enter),
+# get_ipython() is the notebook's shell (here: one that runs no magic).
+NOTEBOOK_HABITS = {"display": lambda *objects, **options: None, "input": lambda prompt="": "",
+                   "get_ipython": lambda: SHELL}
+SHELL = Shell()
 
 # The modules a notebook habitually imports, under their habitual names: an answer cell may use
 # them without importing them itself, as a student's own `import math` cell (which grading does not

@@ -6,6 +6,7 @@ never executed, and a submission is read without following a symbolic link.
     read_notebook(path) -> notebook                                      # the instructor's or the grader's own
     recovered(submission, release) -> (notebook, cells whose nbgrader metadata came back)
     grade_id(cell), source_text(cell), part_of(grade id), without_magics(source)
+    student_code(submission, source) -> [(name, code)]                     # what the hidden-test run runs
     json_data(text) -> data                                              # JSON from a sandbox, every string encodable
 """
 import copy
@@ -112,6 +113,56 @@ def without_magics(source: str) -> str:
 
 def part_of(test_or_solution_id: str) -> str:
     return test_or_solution_id.split("_")[0]
+
+
+def above_the_tests(cells: list, tests: list) -> list:
+    """`cells` without the copies of an answer cell that sit below their part's test cell when
+    another copy sits above it: the copy the visible test checked is graded, not a scratch copy
+    pasted under it (red team 45d, A05(iii): an old wrong attempt below Part 3's test cell
+    overrode the right answer above it, 0 of 2). An answer whose every copy sits below the test
+    cell (the test cell moved up) is kept."""
+    where = {}
+    for index, cell in enumerate(cells):
+        where.setdefault(grade_id(cell), index)
+    test_at = {part_of(t): where[t] for t in tests if t in where}
+    above = {grade_id(c) for i, c in enumerate(cells) if i < test_at.get(part_of(grade_id(c) or ""), -1)}
+    return [c for i, c in enumerate(cells)
+            if not (grade_id(c) in above and i > test_at.get(part_of(grade_id(c)), len(cells)))]
+
+
+def added(cell: dict, source: dict) -> bool:
+    """A code cell the student added: no grade_id, and not one of the release's own cells (its id,
+    or, for a cell without an id, its text, is not the release's)."""
+    if cell.get("cell_type") != "code" or grade_id(cell):
+        return False
+    if isinstance(cell.get("id"), str):
+        return cell["id"] not in {c.get("id") for c in source["cells"]}
+    return source_text(cell) not in {source_text(c) for c in source["cells"] if c.get("cell_type") == "code"}
+
+
+def student_code(submission: dict, source: dict) -> list[tuple[str, str]]:
+    """The student's code the hidden-test run runs, in the notebook's order, as (name, code without
+    IPython's lines): each answer cell (its grade_id), and each code cell the student added above a
+    part's test cell (issue 48: a helper, an import, an answer split over cells), named after the
+    part whose test cell comes next below it, `p2_added (code cell 7)`. Cells below the last test
+    cell run after every test in a notebook too: none of them."""
+    solutions = {grade_id(c) for c in source["cells"] if (c.get("metadata", {}).get("nbgrader") or {}).get("solution")}
+    tests = [grade_id(c) for c in source["cells"] if (c.get("metadata", {}).get("nbgrader") or {}).get("grade")
+             and c.get("cell_type") == "code"]
+    cells = above_the_tests(submission["cells"], tests)
+    test_at = [(i, part_of(grade_id(c))) for i, c in enumerate(cells) if grade_id(c) in tests]
+    code, number = [], 0
+    for i, cell in enumerate(cells):
+        if cell.get("cell_type") != "code":
+            continue
+        number += 1
+        if grade_id(cell) in solutions:
+            code.append((grade_id(cell), without_magics(source_text(cell))))
+        elif added(cell, source):
+            part = next((p for j, p in test_at if j > i), None)
+            if part is not None:
+                code.append((f"{part}_added (code cell {number})", without_magics(source_text(cell))))
+    return code
 
 
 def parse_notebook(data: bytes) -> dict:

@@ -12,7 +12,7 @@ tricks well may not be.
 import ast
 import threading
 
-from grader.notebooks import grade_id, source_text, without_magics
+from grader.notebooks import grade_id, source_text, student_code, without_magics
 
 PARSING = threading.Lock()      # CPython 3.11's ast.parse is not safe in two threads at once
 # An answer cell is parsed in the grader's own process only up to this length: a 4 MB cell of one
@@ -86,16 +86,18 @@ def library_of(node) -> str | None:
     return node.id if isinstance(node, ast.Name) and node.id in LIBRARIES else None
 
 
-def review_flags(submission: dict) -> dict[str, list[str]]:
+def review_flags(submission: dict, source: dict | None = None) -> dict[str, list[str]]:
     """{part: [why to read it]} for answer cells that touch the runner, the system or the libraries
     (parsed, never run): frames, /proc, processes, links, databases, code objects, assignments to
-    attributes of torch, numpy and the like."""
+    attributes of torch, numpy and the like. With the instructor's `source`, the cells the student
+    added are read too, as the part whose hidden tests run them (grader/notebooks.py, `student_code`)."""
     flags: dict[str, set] = {}
-    for cell in submission["cells"]:
-        gid = grade_id(cell)
-        if cell.get("cell_type") != "code" or not gid or "solution" not in gid:
-            continue
-        text = source_text(cell)
+    if source is not None:
+        cells = student_code(submission, source)
+    else:
+        cells = [(grade_id(c), source_text(c)) for c in submission["cells"]
+                 if c.get("cell_type") == "code" and grade_id(c) and "solution" in grade_id(c)]
+    for gid, text in cells:
         found = {why for needle, why in SUSPECT_TEXT.items() if needle in text}
         try:
             if not_parsed(text):

@@ -39,7 +39,8 @@ from pathlib import Path
 
 from grader import sandbox as sandboxing
 from grader.course import ROOT, generate_assignment
-from grader.notebooks import grade_id, json_data, parse_notebook, part_of, source_text, without_magics
+from grader.notebooks import (above_the_tests, grade_id, json_data, parse_notebook, part_of,  # noqa: F401
+                              source_text, student_code, without_magics)
 from grader.review_flags import PARSING, not_parsed  # one lock: ast.parse is not thread-safe in 3.11
 from grader.student_copy import CHECKS_WITH_EXPECTED, student_copy, without_expected  # noqa: F401
 from grader.withheld import declared
@@ -206,24 +207,10 @@ def _used_names(source: str) -> frozenset[str]:
         return frozenset()
 
 
-def above_the_tests(cells: list, tests: list) -> list:
-    """`cells` without the copies of an answer cell that sit below their part's test cell when
-    another copy sits above it: the copy the visible test checked is graded, not a scratch copy
-    pasted under it (red team 45d, A05(iii): an old wrong attempt below Part 3's test cell
-    overrode the right answer above it, 0 of 2). An answer whose every copy sits below the test
-    cell (the test cell moved up) is kept."""
-    where = {}
-    for index, cell in enumerate(cells):
-        where.setdefault(grade_id(cell), index)
-    test_at = {part_of(t): where[t] for t in tests if t in where}
-    above = {grade_id(c) for i, c in enumerate(cells) if i < test_at.get(part_of(grade_id(c) or ""), -1)}
-    return [c for i, c in enumerate(cells)
-            if not (grade_id(c) in above and i > test_at.get(part_of(grade_id(c)), len(cells)))]
-
-
 def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *, reference: bool = False) -> dict:
     """What grader/hidden_tests.py needs: the instructor's set-up and test cells, and per part the
-    student's answer cells it depends on (its own, and earlier parts' that define a name it uses).
+    student's cells it depends on (grader/notebooks.py's `student_code`: answer cells and cells the
+    student added), in the notebook's order: its own, and earlier parts' that define a name it uses.
     The test cells are the student's copy (grader/student_copy.py) unless `reference` (the job of
     the instructor's solution, `submission` then being the source). ValueError: the instructor's
     tests would leave a reference computation in the student's copy, or use a library function
@@ -232,8 +219,7 @@ def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *
     cells = {grade_id(c): c for c in source["cells"] if grade_id(c)}
     solutions = [g for g, c in cells.items() if c["metadata"]["nbgrader"].get("solution")]
     tests = [g for g, c in cells.items() if c["metadata"]["nbgrader"].get("grade") and c.get("cell_type") == "code"]
-    answers = [(grade_id(c), without_magics(source_text(c))) for c in above_the_tests(submission["cells"], tests)
-               if c.get("cell_type") == "code" and grade_id(c) in solutions]
+    answers = student_code(submission, source)
     order = [part_of(t) for t in tests]
     parts = []
     for test in tests:

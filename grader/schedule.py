@@ -42,7 +42,7 @@ from grader.feedback import hidden_test_lines, seeds_of
 from grader.gradebook import (db_url, graded_students, instructor_secret, record, register, registered, submitters,
                               without_password)
 from grader.notebooks import (grade_id, normalised, other_notebooks, part_of, read_notebook, read_submission,
-                              recovered, renamed_note, source_text, submitted_name)
+                              recovered, renamed_note, source_text, student_code, submitted_name)
 from grader.review_flags import ANSWER_CHARS, review_flags
 from grader.withheld import declared, library_copy
 from grader.runs import (BrokenEnvironment, NoSandbox, environment_problem, hidden_test_job,  # noqa: F401
@@ -249,11 +249,11 @@ def grade_student(course, assignment, student, template, source, release, secret
     if restored:
         renamed = "; ".join(filter(None, [renamed, f"{restored} cells had lost their nbgrader metadata: "
                                                    "recovered from the cells' ids"]))
-    size = sum(len(source_text(c)) for c in submission["cells"] if grade_id(c) in answers)
+    size = sum(len(code) for _, code in student_code(submission, source))
     if size > ANSWER_CHARS:
-        return None, submission, (f"its answer cells hold {size:,} characters in all, more than the {ANSWER_CHARS:,} the "
-                                  "grader reads: read it by hand"), renamed, None
-    flags = review_flags(submission)
+        return None, submission, (f"its answer cells and the cells it added hold {size:,} characters in all, more "
+                                  f"than the {ANSWER_CHARS:,} the grader reads: read it by hand"), renamed, None
+    flags = review_flags(submission, source)
     with tempfile.TemporaryDirectory(prefix=f"grading-{assignment}-") as scratch:
         ran, note = submission, renamed
         if execute:

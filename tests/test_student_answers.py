@@ -263,6 +263,69 @@ def test_a_float32_version_of_the_solution_keeps_its_points(assignment, part):
     assert verdicts[f"{part}_tests"]["passed"], verdicts[f"{part}_tests"]
 
 
+def with_cells(assignment: str, answers: dict, added: list[tuple[str, str, str]]) -> dict:
+    """The release with the instructor's solutions, `answers` in their place, and code cells the
+    student added: (where: "before"/"after", the grade_id of the cell they go next to, code)."""
+    release = notebooks.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
+    cells = {**fabricate.solution_cells(assignment), **answers}
+    out = []
+    for cell in release["cells"]:
+        cell = {**cell, "source": cells.get(notebooks.grade_id(cell), cell["source"])}
+        for where in ("before", "after"):
+            mine = [{"cell_type": "code", "id": f"mine-{len(out)}-{i}", "metadata": {}, "source": code,
+                     "outputs": [], "execution_count": None}
+                    for i, (w, gid, code) in enumerate(added) if w == where and gid == notebooks.grade_id(cell)]
+            out += mine + [cell] if where == "before" else mine
+    return {**release, "cells": out}
+
+
+def hidden_verdicts(assignment: str, submission: dict) -> dict:
+    source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    student = runs.hidden_test_job(source, submission, SECRET, 120)
+    return judge.judge(reference_record(assignment, False), runner(student, library(assignment)))
+
+
+def test_cells_a_student_adds_run_before_the_tests_as_in_the_notebook():
+    """Issue 48, item 1: a helper in a cell of its own, an import in its own cell, an answer split
+    over two cells, and `get_ipython()` (a notebook exported to Python) keep their points; a try-out
+    cell that raises costs nothing; a cell below the last test cell runs after every test, as in the
+    notebook. Before, only answer cells ran: NameError, ex4 from 10 to 5."""
+    solution = fabricate.solution_cells("ex4_softmax_stability")
+    p1 = solution["p1_solution"].replace("e = torch.exp(x)\n    return e / e.sum(dim=dim, keepdim=True)",
+                                         "return divide_by_sum(torch.exp(x), dim)")
+    p4 = solution["p4_solution"].replace("fractions.append(", "get_ipython().run_line_magic('time', 'pass')\n        fractions.append(")
+    assert p1 != solution["p1_solution"] and p4 != solution["p4_solution"]
+    submission = with_cells("ex4_softmax_stability", {
+        "p1_solution": p1, "p2_solution": "", "p4_solution": p4}, [
+        ("before", "p1_solution", "import torch.nn.functional as functional\n"),
+        ("before", "p1_solution", "def divide_by_sum(e, dim):\n    return e / e.sum(dim=dim, keepdim=True)\n"),
+        ("after", "p1_solution", "naive_softmax([1.0, 2.0])  # a try-out that raises TypeError, as it should\n"),
+        ("after", "p2_solution", solution["p2_solution"]),  # the answer in a cell of its own below the answer cell
+        ("after", "p4_tests", "def naive_softmax(x, dim=-1):\n    return x  # below every test: runs after them\n")])
+    verdicts = hidden_verdicts("ex4_softmax_stability", submission)
+    assert all(v["passed"] for v in verdicts.values()), verdicts
+    source = notebooks.read_notebook(ROOT / "solutions" / "ex4_softmax_stability" / "ex4_softmax_stability.ipynb")
+    assert [name for name, _ in notebooks.student_code(submission, source)][:4] == [
+        "p1_added (code cell 3)", "p1_added (code cell 4)", "p1_solution", "p1_added (code cell 6)"]
+
+
+def test_an_added_cell_that_breaks_a_name_costs_what_it_costs_in_the_notebook():
+    """The ticks predict the grade: an added cell that redefines an answer wrongly above the test
+    cell fails the part in the notebook, so it fails it when graded; the other parts keep theirs."""
+    submission = with_cells("ex4_softmax_stability", {}, [
+        ("after", "p1_solution", "def naive_softmax(x, dim=-1):\n    return x  # an old attempt, run after the answer\n")])
+    verdicts = hidden_verdicts("ex4_softmax_stability", submission)
+    assert not verdicts["p1_tests"]["passed"] and verdicts["p3_tests"]["passed"], verdicts
+
+
+def test_review_flags_read_the_cells_a_student_adds():
+    source = notebooks.read_notebook(ROOT / "solutions" / "ex4_softmax_stability" / "ex4_softmax_stability.ipynb")
+    submission = with_cells("ex4_softmax_stability", {}, [
+        ("before", "p3_solution", "import inspect\nframe = inspect.currentframe()\n")])
+    assert review_flags.review_flags(submission) == {}  # answer cells alone: nothing to read
+    assert "reads the call stack" in review_flags.review_flags(submission, source)["p3"]
+
+
 def test_honest_notebook_habits_in_an_answer_cell_keep_their_points():
     solution = fabricate.solution_cells("ex2_loss_scaling")["p1_solution"]
     habits = solution + ("\n\ntorch.nextafter?\n?torch.finfo\ntorch.float16??  # the docs\n"
