@@ -37,7 +37,7 @@ import random
 from dataclasses import dataclass
 
 __all__ = ["ClaimFailed", "Paired", "Spread", "beyond_noise", "claim", "paired_difference",
-           "seed_spread"]
+           "seed_spread", "sign_test"]
 
 
 class ClaimFailed(AssertionError):
@@ -226,6 +226,24 @@ def paired_difference(run_a, run_b, seeds=(0, 1, 2, 3, 4), *, unit: str = "seeds
     if not isinstance(unit, str) or not unit:
         raise TypeError(f"unit names what the pairs are (e.g. \"batches\"), got {unit!r}")
     return Paired(seeds=seeds, a=a, b=b, differences=differences, mean=mean, sd=sd, t=t, p=p, unit=unit)
+
+
+def sign_test(k: int, n: int) -> float:
+    """The exact two-sided sign test: the chance that ``n`` fair coin flips split at least as
+    unevenly as ``k`` against ``n - k``. Give it the number of pairs in which one run was the
+    larger (ties dropped from ``n``); unlike the paired t-test it does not care how large each
+    difference was, so one wild pair cannot hide a consistent direction.
+
+    >>> sign_test(6, 6), round(sign_test(5, 6), 4), sign_test(3, 6)
+    (0.03125, 0.2188, 1.0)
+    """
+    if isinstance(k, bool) or isinstance(n, bool) or not (isinstance(k, numbers.Integral)
+                                                          and isinstance(n, numbers.Integral)):
+        raise TypeError(f"sign_test counts pairs: k and n are integers, got {k!r} and {n!r}")
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"sign_test needs 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1)) / 2**n  # the uneven side
+    return min(1.0, 2 * tail)
 
 
 def beyond_noise(difference, spread: Spread | None = None) -> bool:

@@ -267,6 +267,16 @@ def test_cpu_support_names_the_bf16_units_it_found(monkeypatch):
     monkeypatch.setattr(specs, "_cpu_model_and_flags", lambda: ("test CPU", set()))
     assert "no BF16 instructions" in precision_support("bf16", "cpu")[1]
 
+
+def test_cpu_support_with_amx_for_another_precision(monkeypatch):
+    """A Sapphire Rapids: AMX tiles for BF16 and INT8, AVX-512 FP16 but no AMX-FP16."""
+    from mpcourse.bench import specs
+    flags = {"avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"}
+    monkeypatch.setattr(specs, "_cpu_model_and_flags", lambda: ("test CPU", flags))
+    supported, reason = precision_support("fp16", "cpu")
+    assert supported and "no AMX-FP16 (its AMX does BF16 and INT8 only)" in reason, reason
+    assert "no AMX matrix tiles" not in reason
+
 # --- probes ------------------------------------------------------------------------------------
 class SteppingClock:
     """A clock that moves by ``step_ms`` each time it is read: each timed call reads it twice

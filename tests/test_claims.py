@@ -268,3 +268,17 @@ def test_seed_spread_takes_outcomes_already_measured():
                                                                          seeds=(4, 5, 6))
     with pytest.raises(ValueError, match="2 outcomes for 3 seeds"):
         seed_spread([0.5, 0.53], seeds=(0, 1, 2))
+
+
+def test_sign_test_is_the_exact_two_sided_binomial_tail():
+    from scipy.stats import binomtest
+
+    from mpcourse.claims import sign_test
+    for n in (1, 3, 6, 9):
+        for k in range(n + 1):
+            assert math.isclose(sign_test(k, n), binomtest(k, n, 0.5).pvalue), (k, n)
+    assert sign_test(6, 6) == sign_test(0, 6) == 2 / 2**6
+    with pytest.raises(ValueError):
+        sign_test(7, 6)
+    with pytest.raises(TypeError):
+        sign_test(2.0, 6)

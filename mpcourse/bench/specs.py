@@ -391,6 +391,13 @@ def precision_support(precision, device=None) -> tuple[bool, str]:
         if f"amx_{precision}" in flags:
             return True, (f"{label} runs; this CPU has AMX-{label} matrix tiles, which PyTorch's "
                           "matrix products use")
+        amx_kinds = sorted(f[len("amx_"):].upper() for f in flags
+                           if f.startswith("amx_") and f != "amx_tile")
+        if amx_kinds:  # AMX tiles, but not for this precision (Sapphire Rapids: BF16 and INT8)
+            return True, (f"{label} runs; this CPU has AVX-512 {label} vector instructions and AMX "
+                          f"matrix tiles, but no AMX-{label} (its AMX does {' and '.join(amx_kinds)} "
+                          f"only): PyTorch's {label} training path is often slower than FP32 on "
+                          "such a CPU")
         return True, (f"{label} runs; this CPU has AVX-512 {label} vector instructions but no AMX "
                       f"matrix tiles: PyTorch's {label} training path is often slower than FP32 "
                       "on such a CPU")
