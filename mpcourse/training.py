@@ -590,7 +590,7 @@ def _select_cuda(profile: DeviceProfile, allow_fp8: bool) -> PrecisionChoice:
 def _select_cpu(profile: DeviceProfile) -> PrecisionChoice:
     reasons = [f"CPU: {profile.name or 'unknown model'}."]
     if profile.cpu_bf16 and "AMX" in profile.cpu_bf16:
-        reasons.append(f"It has AMX, BF16 matrix tiles ({profile.cpu_bf16_description}): oneDNN runs large BF16 "
+        reasons.append(f"It has AMX-BF16 matrix tiles (and AVX512_BF16 vector dot products): oneDNN runs large BF16 "
                        f"matrix products on them, faster than FP32 (small ones, such as a tiny MLP's, can be "
                        f"slower: time your own model's steps), and BF16 autocast stores most "
                        f"activations in 16 bits; no loss scaler is needed.")

@@ -370,6 +370,9 @@ def test_select_precision_on_cpus():
     amx = select_precision(DeviceProfile("cpu", "Sapphire Rapids", cpu_bf16="AVX512_BF16 and AMX"))
     # faster for large products only: the reason says that small ones can be slower
     assert amx.precision == "bf16" and "small ones" in amx.reasons[1] and "can be slower" in amx.reasons[1]
+    # the instructions are named once: AMX-BF16's tiles, with AVX512_BF16's dot products beside them
+    assert amx.reasons[1].startswith("It has AMX-BF16 matrix tiles (and AVX512_BF16 vector dot products):")
+    assert amx.reasons[1].count("AMX-BF16") == 1
     # AVX512_BF16 is a vector extension (dot products); the matrix instructions are AMX's
     vector_only = select_precision(DeviceProfile("cpu", "Cooper Lake", cpu_bf16="AVX512_BF16"))
     assert vector_only.precision == "fp32" and "vector dot products, no AMX matrix tiles" in vector_only.reasons[1]
