@@ -127,15 +127,27 @@ def moodle(relative: Path) -> dict | None:
             "user": person["user"], "name": person["person"]}
 
 
-def latest_uploads(folder: Path, parse) -> dict[str, tuple[Path, dict]]:
+def own_name(relative: Path, parse, assignment: str) -> bool:
+    """Whether the notebook is named as the exercise (`ex1_precision_comparison.ipynb`, or with an
+    upload number, `ex1_precision_comparison (2).ipynb`), whatever prefix the LMS put before it."""
+    name = AGAIN.sub("", Path(relative.name).stem)
+    return name == assignment or name.endswith("_" + assignment)
+
+
+def latest_uploads(folder: Path, parse, assignment: str | None = None) -> dict[str, tuple[Path, dict]]:
     """{student: (their latest notebook's path relative to `folder`, what its name says)}: the
-    highest submission id, then the highest upload number; names refused by `parse` count for no one."""
+    highest submission id; within one submission, a notebook named as the exercise (`assignment`,
+    by default the folder's: downloaded/<assignment>/extracted) before another (red team 45f, A11:
+    a leftover `..._old.ipynb` sorted after the finished notebook and was graded), then the highest
+    upload number, then the name that sorts last. Names refused by `parse` count for no one."""
+    assignment = assignment or folder.parent.name
     best = {}
     for path in folder.rglob("*.ipynb"):
         relative = path.relative_to(folder)
         theirs = parse(relative)
         if theirs and "claims" not in theirs and "ambiguous" not in theirs:
-            best[theirs["student_id"]] = max(best.get(theirs["student_id"], ()), (theirs["order"], relative.as_posix(), theirs))
+            order = (theirs["order"][0], own_name(relative, parse, assignment), *theirs["order"][1:])
+            best[theirs["student_id"]] = max(best.get(theirs["student_id"], ()), (order, relative.as_posix(), theirs))
     return {student: (Path(relative), info) for student, (_, relative, info) in best.items()}
 
 
@@ -171,7 +183,13 @@ class LatestNotebookCollector(FileNameCollectorPlugin):
             return None
         latest = self.latest(extracted)[info["student_id"]]
         if latest != str(path):
-            self.log.warning("%s: skipped %s, an earlier upload than %s", info["student_id"], path.name, Path(latest).name)
+            kept = self.parse(Path(latest).relative_to(extracted))
+            if kept["order"][0] != info["order"][0]:
+                self.log.warning("%s: skipped %s, an earlier upload than %s", info["student_id"], path.name, Path(latest).name)
+            else:  # one submission, two notebooks: the LMS says nothing of which came last
+                self.log.warning("%s: skipped %s: the same submission holds %s, collected instead (a notebook named "
+                                 "as the exercise first, then the higher upload number, then the name that sorts "
+                                 "last): check it by hand", info["student_id"], path.name, Path(latest).name)
             return None
         if info["student_id"] != info["lms_id"]:
             self.log.warning("LONG ID: %s is collected as %s: the gradebook holds ids of at most %d characters",

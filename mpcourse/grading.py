@@ -139,12 +139,22 @@ def start(part: str, forbidden: tuple[str, ...] = (), withheld: tuple[str, ...] 
     `withheld`: the course library's functions the part asks you to write yourself
     ("mpcourse.numerics.naive_softmax"): when your work is graded, the hidden tests run with a copy
     of the library in which they are absent (calling one raises AttributeError). Here, nothing.
-    The tests run with torch's default dtype, float32, whatever a cell set before them."""
+    The tests run with torch's defaults, whatever a cell set before them: default dtype float32,
+    float32 matrix products in full float32 ("highest"), subnormal numbers kept (no flush to zero).
+    When graded, the reference's process has never changed them (red team 45f: A08, A03)."""
     _check_untampered()
     if torch.get_default_dtype() != torch.float32:  # the tests' own inputs would change dtype
         print(f"torch's default dtype was {torch.get_default_dtype()} (torch.set_default_dtype): "
               "the tests set it back to torch.float32, the default they are written for.")
         torch.set_default_dtype(torch.float32)
+    if torch.get_float32_matmul_precision() != "highest":  # TF32 or BF16 inside float32 products
+        print(f"torch's float32 matmul precision was {torch.get_float32_matmul_precision()!r} "
+              "(torch.set_float32_matmul_precision): the tests set it back to 'highest', the default.")
+        torch.set_float32_matmul_precision("highest")
+    if (torch.tensor([2.0**-140]) * 1.0).item() == 0:  # torch.set_flush_denormal(True): no getter
+        print("subnormal numbers were flushed to zero (torch.set_flush_denormal(True)): the tests "
+              "set it back to False, the default.")
+        torch.set_flush_denormal(False)
     _forbidden.clear()
     _forbidden.update(forbidden)
     if part in _parts_passed:

@@ -239,6 +239,8 @@ def collected(course: Path) -> dict[str, str]:
     ("moodle", {f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT}.ipynb": "jane first",
                 f"Jane Doe_12345_assignsubmission_file_{ASSIGNMENT} (1).ipynb": "jane latest",
                 f"Omar Smith_12346_assignsubmission_file_/{ASSIGNMENT}.ipynb": "omar only",
+                # red team 45f, A11: a leftover beside the finished notebook sorted last and was graded
+                f"Omar Smith_12346_assignsubmission_file_/{ASSIGNMENT}_old.ipynb": "omar's leftover",
                 "Omar Smith_12346_assignsubmission_onlinetext_/onlinetext.html": "not a notebook",
                 f"Mallory Evil_55555_assignsubmission_file_/Jane Doe_12345_assignsubmission_file_{ASSIGNMENT} (7).ipynb":
                     "mallory's blank",
@@ -268,6 +270,8 @@ def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, n
         assert "skipped Jane Doe_12345_assignsubmission_file__67890_assignsubmission_file_x (9).ipynb: its name reads" in result.stdout
         assert "NOT COLLECTED mallory_evil_55555: their only notebook(s) were refused" in result.stdout
         assert "NOT COLLECTED jane" not in result.stdout
+        assert (f"omar_smith_12346: skipped {ASSIGNMENT}_old.ipynb: the same submission holds {ASSIGNMENT}.ipynb, "
+                "collected instead") in result.stdout
     assert "skipped alice_333_5002_notes.gz" in result.stdout  # one bad archive stops no one's collection
     assert {p.suffix for p in (course / "downloaded").rglob("*") if p.is_file() and p.name != "lms.json"} == {".ipynb"}
     remembered = json.loads((course / "downloaded" / ASSIGNMENT / "lms.json").read_text())  # for the way back

@@ -10,9 +10,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from grader import fabricate, feedback, judge, no_threads, notebooks, review_flags, runs, withheld
 from grader.course import assignments
+from mpcourse import grading
 from tests.shared import once_per_run, run_folder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -343,6 +345,25 @@ def test_an_answer_cell_that_sets_torchs_default_dtype_does_not_change_the_tests
     answer = "torch.set_default_dtype(torch.float64)  # accurate references\n" + solution
     verdicts, _ = run("ex4_softmax_stability", {"p1_solution": answer}, only="p1")
     assert verdicts["p1_tests"]["passed"], verdicts["p1_tests"]
+
+
+def test_an_answer_cell_that_flushes_subnormals_or_lowers_matmul_precision_does_not_change_the_tests():
+    """Red team 45f, A03 and A08: `torch.set_flush_denormal(True)` (chapter 1 shows it) or
+    `torch.set_float32_matmul_precision("medium")` in an answer cell passed the visible tests in the
+    student's kernel and cost points when graded (the reference's process never set them): the
+    tests set torch's defaults back, in the notebook and when graded alike."""
+    solution = fabricate.solution_cells("ex3_dynamic_range")["p2_solution"]
+    answer = "torch.set_flush_denormal(True)  # as chapter 1 shows\n" + solution
+    verdicts, _ = run("ex3_dynamic_range", {"p2_solution": answer}, only="p2")
+    assert verdicts["p2_tests"]["passed"], verdicts["p2_tests"]
+    try:
+        torch.set_float32_matmul_precision("medium")
+        torch.set_flush_denormal(True)
+        grading.start("Part 1")
+        assert torch.get_float32_matmul_precision() == "highest" and (torch.tensor([2.0**-140]) * 1.0).item() > 0
+    finally:
+        torch.set_float32_matmul_precision("highest")
+        torch.set_flush_denormal(False)
 
 
 def test_an_answer_cell_ending_in_a_timeit_capture_keeps_its_part():
