@@ -141,28 +141,42 @@ def added(cell: dict, source: dict) -> bool:
 
 
 def student_code(submission: dict, source: dict) -> list[tuple[str, str]]:
-    """The student's code the hidden-test run runs, in the notebook's order, as (name, code without
-    IPython's lines): each answer cell (its grade_id), and each code cell the student added above a
+    """The student's code the hidden-test run may run, in the notebook's order, as (name, code without
+    IPython's lines): each answer cell (its grade_id); each code cell the student added above a
     part's test cell (issue 48: a helper, an import, an answer split over cells), named after the
-    part whose test cell comes next below it, `p2_added (code cell 7)`. Cells below the last test
-    cell run after every test in a notebook too: none of them."""
+    part whose test cell comes next below it, `p2_added (code cell 7)`; and the notebook's own
+    example cells, and the set-up cell if the student changed it, as `p2_example (code cell 5)`
+    (grader/runs.py runs these only for a name they define). Cells below the last test cell run
+    after every test in a notebook too: none of them."""
     solutions = {grade_id(c) for c in source["cells"] if (c.get("metadata", {}).get("nbgrader") or {}).get("solution")}
     tests = [grade_id(c) for c in source["cells"] if (c.get("metadata", {}).get("nbgrader") or {}).get("grade")
              and c.get("cell_type") == "code"]
     cells = above_the_tests(submission["cells"], tests)
     test_at = [(i, part_of(grade_id(c))) for i, c in enumerate(cells) if grade_id(c) in tests]
+    setup = next((source_text(c) for c in source["cells"] if grade_id(c) == "setup"), None)
     code, number = [], 0
     for i, cell in enumerate(cells):
         if cell.get("cell_type") != "code":
             continue
         number += 1
+        part = next((p for j, p in test_at if j > i), None)
         if grade_id(cell) in solutions:
             code.append((grade_id(cell), without_magics(source_text(cell))))
+        elif part is None:
+            continue
         elif added(cell, source):
-            part = next((p for j, p in test_at if j > i), None)
-            if part is not None:
-                code.append((f"{part}_added (code cell {number})", without_magics(source_text(cell))))
+            code.append((f"{part}_added (code cell {number})", without_magics(source_text(cell))))
+        elif grade_id(cell) is None or (grade_id(cell) == "setup" and source_text(cell) != setup):
+            code.append((f"{part}_{EXAMPLE} (code cell {number})", without_magics(source_text(cell))))
     return code
+
+
+EXAMPLE = "example"  # the notebook's own cells (and a set-up cell the student changed), in student_code
+
+
+def example(name: str) -> bool:
+    """Whether a cell `student_code` named is one of the notebook's own: run only for a name it defines."""
+    return name.split("_", 1)[-1].startswith(EXAMPLE + " (")
 
 
 def parse_notebook(data: bytes) -> dict:

@@ -12,7 +12,7 @@ tricks well may not be.
 import ast
 import threading
 
-from grader.notebooks import grade_id, source_text, student_code, without_magics
+from grader.notebooks import example, grade_id, source_text, student_code, without_magics
 
 PARSING = threading.Lock()      # CPython 3.11's ast.parse is not safe in two threads at once
 # An answer cell is parsed in the grader's own process only up to this length: a 4 MB cell of one
@@ -92,8 +92,10 @@ def review_flags(submission: dict, source: dict | None = None) -> dict[str, list
     attributes of torch, numpy and the like. With the instructor's `source`, the cells the student
     added are read too, as the part whose hidden tests run them (grader/notebooks.py, `student_code`)."""
     flags: dict[str, set] = {}
-    if source is not None:
-        cells = student_code(submission, source)
+    if source is not None:  # the notebook's own example cells as released are the instructor's, not read
+        released = {without_magics(source_text(c)) for c in source["cells"] if c.get("cell_type") == "code"}
+        cells = [(name, code) for name, code in student_code(submission, source)
+                 if not (example(name) and code in released)]
     else:
         cells = [(grade_id(c), source_text(c)) for c in submission["cells"]
                  if c.get("cell_type") == "code" and grade_id(c) and "solution" in grade_id(c)]

@@ -40,7 +40,7 @@ from pathlib import Path
 from grader import sandbox as sandboxing
 from grader.course import ROOT, generate_assignment
 from grader.notebooks import (above_the_tests, grade_id, json_data, parse_notebook, part_of,  # noqa: F401
-                              source_text, student_code, without_magics)
+                              example, source_text, student_code, without_magics)
 from grader.review_flags import PARSING, not_parsed  # one lock: ast.parse is not thread-safe in 3.11
 from grader.student_copy import CHECKS_WITH_EXPECTED, student_copy, without_expected  # noqa: F401
 from grader.withheld import declared
@@ -193,6 +193,34 @@ def module_level(body: list) -> list:
     return found
 
 
+def free_names(source: str) -> frozenset[str]:
+    """Names a cell reads but binds nowhere (assignment, parameter, def, import, loop, `as`): what it
+    needs from cells before it. Builtins included; none for a cell the grader does not parse."""
+    return frozenset() if not_parsed(source) else _free_names(source)
+
+
+@functools.lru_cache(maxsize=256)
+def _free_names(source: str) -> frozenset[str]:
+    try:
+        with PARSING:
+            tree = ast.parse(without_magics(source))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # code that cannot be parsed
+        return frozenset()
+    read, bound = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return frozenset(read - bound)
+
+
 def used_names(source: str) -> frozenset[str]:
     return frozenset() if not_parsed(source) else _used_names(source)
 
@@ -209,8 +237,10 @@ def _used_names(source: str) -> frozenset[str]:
 
 def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *, reference: bool = False) -> dict:
     """What grader/hidden_tests.py needs: the instructor's set-up and test cells, and per part the
-    student's cells it depends on (grader/notebooks.py's `student_code`: answer cells and cells the
-    student added), in the notebook's order: its own, and earlier parts' that define a name it uses.
+    student's cells it depends on (grader/notebooks.py's `student_code`), in the notebook's order: its
+    own answer cells and the cells added above its test cell; earlier parts' cells when they define a
+    name it uses (again and again, until nothing new is needed); and the notebook's own example cells
+    (and the set-up cell, if the student changed it) above the test cell that define a name it uses.
     The test cells are the student's copy (grader/student_copy.py) unless `reference` (the job of
     the instructor's solution, `submission` then being the source). ValueError: the instructor's
     tests would leave a reference computation in the student's copy, or use a library function
@@ -230,20 +260,38 @@ def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *
         for g in solutions:
             if part_of(g) == part:
                 wanted |= used_names(source_text(cells[g]))
-        wanted |= set().union(*[used_names(src) for g, src in answers if part_of(g) == part])
-        for earlier in reversed(order[:order.index(part)]):  # later parts first: they may use earlier ones
-            mine = [src for g, src in answers if part_of(g) == earlier]
-            theirs = [source_text(cells[g]) for g in solutions if part_of(g) == earlier]
-            defines = set().union(*map(defined_names, mine + theirs))
-            if wanted & defines or ALL in defines:  # a star import may define what this part uses (A03a)
-                needed.add(earlier)
-                wanted |= set().union(*map(used_names, mine + theirs))
+        wanted |= set().union(*[used_names(src) for g, src in answers if part_of(g) == part and not example(g)])
+        # What the student's own code reads without binding it: the notebook's example cells are run
+        # only for such a name (the tests' names and a function's locals do not count).
+        free = set().union(*[free_names(src) for g, src in answers if part_of(g) == part and not example(g)])
+        examples, grew = set(), True
+        while grew:  # until nothing new is needed: a part taken in may use a part passed over before (issue 48)
+            grew = False
+            for earlier in reversed(order[:order.index(part)]):  # later parts first: they may use earlier ones
+                if earlier in needed:
+                    continue
+                mine = [src for g, src in answers if part_of(g) == earlier and not example(g)]
+                theirs = [source_text(cells[g]) for g in solutions if part_of(g) == earlier]
+                defines = set().union(*map(defined_names, mine + theirs))
+                if wanted & defines or ALL in defines:  # a star import may define what this part uses (A03a)
+                    needed.add(earlier)
+                    wanted |= set().union(*map(used_names, mine + theirs))
+                    free |= set().union(*map(free_names, mine))
+                    grew = True
+            for g, src in answers:  # the notebook's own cells above the test cell: only for a name they define
+                if example(g) and g not in examples and order.index(part_of(g)) <= order.index(part) \
+                        and free & defined_names(src):
+                    examples.add(g)
+                    wanted |= used_names(src)
+                    free |= free_names(src)
+                    grew = True
         try:
             copy = source_text(cells[test]) if reference else student_copy(source_text(cells[test]), expected, withheld)
         except ValueError as error:
             raise ValueError(f"{test}: {error}") from None
         parts.append({"test_id": test, "names": sorted(expected),
-                      "cells": [[g, src] for g, src in answers if part_of(g) in needed], "test": copy})
+                      "cells": [[g, src] for g, src in answers
+                                if (part_of(g) in needed and not example(g)) or g in examples], "test": copy})
     return {"secret": secret, "timeout": timeout, "setup": source_text(cells["setup"]), "parts": parts}
 
 

@@ -307,8 +307,40 @@ def test_cells_a_student_adds_run_before_the_tests_as_in_the_notebook():
     verdicts = hidden_verdicts("ex4_softmax_stability", submission)
     assert all(v["passed"] for v in verdicts.values()), verdicts
     source = notebooks.read_notebook(ROOT / "solutions" / "ex4_softmax_stability" / "ex4_softmax_stability.ipynb")
-    assert [name for name, _ in notebooks.student_code(submission, source)][:4] == [
+    assert [name for name, _ in notebooks.student_code(submission, source) if not notebooks.example(name)][:4] == [
         "p1_added (code cell 3)", "p1_added (code cell 4)", "p1_solution", "p1_added (code cell 6)"]
+
+
+def wrapped(function: str, line: str) -> str:
+    """An answer's function wrapped so that `line` runs at each call, as the tests call it."""
+    return (f"\n\n_{function} = {function}\n\n\ndef {function}(*args, **kwargs):\n    {line}\n"
+            f"    return _{function}(*args, **kwargs)\n")
+
+
+def test_names_from_the_notebooks_cells_a_later_part_or_a_changed_set_up_cell_reach_the_answers():
+    """Issue 48, the new-student walkthrough: (D1) a helper reading `fp16`, which the notebook's own
+    example cell defines; (D3) `import numbers` put in the set-up cell; (D2) a Part 1 helper reading a
+    Part 2 constant, called in Part 3 (one pass over the earlier parts passed Part 2 over before it
+    knew Part 2 was needed). Each passed its visible tests and scored 0 for the part."""
+    solution = fabricate.solution_cells("ex2_loss_scaling")
+    release = notebooks.read_notebook(ROOT / "exercises" / "ex2_loss_scaling" / "ex2_loss_scaling.ipynb")
+    setup = next(notebooks.source_text(c) for c in release["cells"] if notebooks.grade_id(c) == "setup")
+    submission = with_cells("ex2_loss_scaling", {
+        "setup": setup.rstrip("\n") + "\nimport numbers\n",
+        "p2_solution": solution["p2_solution"] + wrapped("min_loss_scale", "assert fp16.max == 65504"),
+        "p4_solution": solution["p4_solution"] + wrapped("sgd_step", "assert isinstance(args[3], numbers.Real)")}, [])
+    verdicts = hidden_verdicts("ex2_loss_scaling", submission)
+    assert all(v["passed"] for v in verdicts.values()), verdicts
+    untouched = runs.hidden_test_job(notebooks.read_notebook(ROOT / "solutions" / "ex2_loss_scaling" / "ex2_loss_scaling.ipynb"),
+                                     with_cells("ex2_loss_scaling", {}, []), SECRET, 120)
+    assert not any(notebooks.example(name) for part in untouched["parts"] for name, _ in part["cells"])  # only when needed
+    softmax = fabricate.solution_cells("ex4_softmax_stability")
+    submission = with_cells("ex4_softmax_stability", {
+        "p1_solution": softmax["p1_solution"] + "\n\ndef ensure(x):\n    return CHECKED\n",
+        "p2_solution": "CHECKED = True\n" + softmax["p2_solution"],
+        "p3_solution": softmax["p3_solution"] + wrapped("stable_softmax", "assert ensure(args[0])")}, [])
+    verdicts = hidden_verdicts("ex4_softmax_stability", submission)
+    assert all(v["passed"] for v in verdicts.values()), verdicts
 
 
 def test_an_added_cell_that_breaks_a_name_costs_what_it_costs_in_the_notebook():
