@@ -556,9 +556,10 @@ def test_a_try_out_line_that_fails_outside_the_notebook_does_not_cost_a_later_pa
     assert not verdict["passed"]
 
 
-def test_modules_a_notebook_habitually_imports_reach_the_answer_cells_not_the_students_other_cells():
-    """Red team 45c, A05a: `import math` in a cell of the student's own (grading runs answer cells
-    only) made Part 3's `math.isfinite` a NameError: 0 of 2 for a right answer."""
+def test_modules_a_notebook_habitually_imports_reach_the_answer_cells():
+    """Red team 45c, A05a: `import math` in a cell of the student's own (grading ran answer cells
+    only, then) made Part 3's `math.isfinite` a NameError: 0 of 2 for a right answer. The habitual
+    modules are there even where no cell of the job imports them."""
     answer = "def f(x):\n    return math.sqrt(x) + np.float64(1) + float(F.relu(torch.tensor(-1.0))) + copy.copy(2)\n"
     assert run_job("import torch\n", [["p2_solution", answer]], "assert f(4.0) == 5.0\n", ["f"])["passed"]
     # the set-up cell's own binding of a habitual name wins
@@ -572,13 +573,15 @@ def test_modules_a_notebook_habitually_imports_reach_the_answer_cells_not_the_st
     assert "math.isfinite" in answer and "math.exp(" in answer
     verdicts, _ = run("ex1_precision_comparison", {"p3_solution": answer}, only="p3")
     assert verdicts["p3_tests"]["passed"], verdicts["p3_tests"]
-    # The student's own cells still never run: only the answer cells go into the job
+    # A cell the student added above Part 1's test cell now runs with Part 1 (issue 48, item 1), and
+    # the runner still gives no answer a name that no cell of the job defines
     source = notebooks.read_notebook(ROOT / "solutions" / "ex1_precision_comparison" / "ex1_precision_comparison.ipynb")
     submission = json.loads(json.dumps(source))
-    own = "import math\nimport os\nos.system('touch /tmp/own-cell-ran')\ndef helper(x):\n    return x\n"
+    own = "import math\nimport os\ndef helper(x):\n    return x\n"
     submission["cells"].insert(1, {"cell_type": "code", "metadata": {}, "source": own, "outputs": [], "execution_count": None})
     job = runs.hidden_test_job(source, submission, SECRET, 60)
-    assert all(own not in text and "own-cell-ran" not in text for part in job["parts"] for _, text in part["cells"])
+    p1 = next(part for part in job["parts"] if part["test_id"] == "p1_tests")
+    assert [name for name, text in p1["cells"] if text == own] == ["p1_added (code cell 1)"]
     verdict = run_job("import torch\n", [["p2_solution", "def f(x):\n    return helper(x)\n"]], "assert f(1) == 1\n", ["f"])
     assert not verdict["passed"] and "name 'helper' is not defined" in verdict["message"]
 
