@@ -481,8 +481,9 @@ def test_an_answer_too_long_in_all_is_not_graded_and_the_report_stays_one_line_p
     source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
     release = notebooks.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
     submission = json.loads(json.dumps(source))
-    answer = next(c for c in submission["cells"] if notebooks.grade_id(c) == "p1_solution")
-    submission["cells"] += [{**answer, "source": "x = 1\n" * 30_000} for _ in range(3)]
+    at = next(i for i, c in enumerate(submission["cells"]) if notebooks.grade_id(c) == "p1_solution") + 1
+    submission["cells"][at:at] = [{"cell_type": "code", "metadata": {}, "source": "x = 1\n" * 30_000, "outputs": [],
+                                   "execution_count": None} for _ in range(3)]  # cells added above Part 1's tests
     folder = tmp_path / "submitted" / "mallory" / assignment
     folder.mkdir(parents=True)
     (folder / f"{assignment}.ipynb").write_text(json.dumps(submission))
