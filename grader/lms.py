@@ -56,6 +56,13 @@ def maximum(course: Path, assignment: str) -> float:
                if grade_id(c) and c["metadata"]["nbgrader"].get("grade") and c["cell_type"] == "code")
 
 
+def inert(text: str) -> str:
+    """A student's name as a spreadsheet shows it and computes nothing from it: one beginning with
+    `=`, `+`, `-`, `@`, a tab or a carriage return gets a leading `'` (red team 45f, A04: a Moodle
+    full name `=SUM(1+41)` went into the worksheet as a formula). The LMS matches rows by id."""
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
 def number(value: float) -> str:
     return f"{value:.2f}".rstrip("0").rstrip(".")
 
@@ -75,12 +82,13 @@ def export_grades(course: Path, assignment: str, lms: str, to: Path, url: str | 
             rows.writerow(CANVAS_COLUMNS + [column or assignment])
             rows.writerow(["    Points Possible", "", "", "", "", number(most)])
             for student in sorted(exported):
-                rows.writerow([students[student]["name"], students[student]["user"], "", "", "", number(exported[student])])
+                rows.writerow([inert(students[student]["name"]), students[student]["user"], "", "", "",
+                               number(exported[student])])
         else:
             stamp = time.strftime("%A, %d %B %Y, %I:%M %p")  # as Moodle writes it; PHP's strtotime reads it
             rows.writerow(MOODLE_COLUMNS)
             for student in sorted(exported):
-                rows.writerow([f"{MOODLE_PARTICIPANT}{students[student]['user']}", students[student]["name"], "", "",
+                rows.writerow([f"{MOODLE_PARTICIPANT}{students[student]['user']}", inert(students[student]["name"]), "", "",
                                number(exported[student]), number(most), "Yes", stamp])
     print(one_line(f"{len(exported)} grades of {assignment} for {lms} in {to}"))
     for student in sorted(set(students) - set(graded)):

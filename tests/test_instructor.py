@@ -492,3 +492,20 @@ def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
     assert "LATE: doejane_123456" in said
     assert sorted(zipfile.ZipFile(course / "feedback-upload" / f"{ASSIGNMENT}-feedback-canvas.zip").namelist()) == [
         f"doejane_late_123456_7890123_{ASSIGNMENT}_feedback.html", f"smithomar_223344_7890456_{ASSIGNMENT}_feedback.html"]
+
+
+@pytest.mark.parametrize("lms", ["canvas", "moodle"])
+def test_a_name_that_reads_as_a_formula_is_exported_inert(tmp_path, monkeypatch, lms):
+    """Red team 45f, A04: a Moodle full name `=SUM(1+41)` went into the grade worksheet verbatim,
+    a formula for the spreadsheet the instructor opens it in."""
+    import csv
+    from grader import lms as lmses
+    monkeypatch.setattr(lmses, "collected", lambda course, assignment, lms: {
+        "mallory": {"name": "=SUM(1+41)", "user": "5", "late": False, "file": "x.ipynb"},
+        "bob": {"name": "Bob Ray", "user": "6", "late": False, "file": "y.ipynb"}})
+    monkeypatch.setattr(lmses, "scores", lambda course, assignment, url: {"mallory": {"p1": 1.0}, "bob": {"p1": 2.0}})
+    monkeypatch.setattr(lmses, "db_url", lambda course, url: None)
+    monkeypatch.setattr(lmses, "maximum", lambda course, assignment: 10.0)
+    lmses.export_grades(tmp_path, ASSIGNMENT, lms, tmp_path / "grades.csv")
+    names = {row[0] if lms == "canvas" else row[1] for row in csv.reader((tmp_path / "grades.csv").open())}
+    assert "'=SUM(1+41)" in names and "Bob Ray" in names and "=SUM(1+41)" not in names
