@@ -75,7 +75,7 @@ def python_environment(library: bool = True) -> list[Path]:
 
 
 def run_sandboxed(command: list[str], *, folder: Path, limits, sandbox: bool, stdin: bytes = b"",
-                  library: Path | None = None):
+                  library: Path | None = None, env: dict | None = None):
     """grader/sandbox.py's run, with the Python environment shown and the library importable. The
     sandbox sees what `folder` holds, read-only, as $GRADING (/grading), and writes in $WORK (/tmp).
     `library`: a folder holding the copy of `mpcourse/` to import (grader/withheld.py), shown as
@@ -87,7 +87,8 @@ def run_sandboxed(command: list[str], *, folder: Path, limits, sandbox: bool, st
     path = (("/grading/library" if sandbox else str(library)) if library is not None else str(ROOT))
     return sandboxing.run(command, show=python_environment(library is None), files=files, limits=limits, stdin=stdin,
                           env={"PYTHONPATH": path, "GRADING": "/grading" if sandbox else str(host),
-                               "WORK": "/tmp" if sandbox else str(host / "work"), **threads(limits)}, sandbox=sandbox)
+                               "WORK": "/tmp" if sandbox else str(host / "work"), **threads(limits), **(env or {})},
+                          sandbox=sandbox)
 
 
 def threads(limits) -> dict:
@@ -328,6 +329,11 @@ def feedback_limits(timeout: int) -> "sandboxing.Limits":
     return sandboxing.Limits(seconds=seconds, cpu_seconds=seconds)
 
 
+# The feedback run draws figures as a notebook does (inline, PNG in the page); the sandbox's default
+# backend, Agg, draws nowhere: every feedback page came back without its figures (issue 48 walkthrough).
+NOTEBOOK_FIGURES = {"MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+
+
 def run_feedback(folder: Path, template: Path, notebook: dict, assignment: str, timeout: int,
                  sandbox: bool) -> tuple[dict | None, str | None]:
     """(the notebook as run, None) from `nbgrader autograde` of `notebook` against the release
@@ -337,7 +343,7 @@ def run_feedback(folder: Path, template: Path, notebook: dict, assignment: str, 
     shutil.copytree(template, folder / "template")
     (folder / "submission.ipynb").write_text(json.dumps(notebook))
     run = run_sandboxed(["/bin/sh", "-c", FEEDBACK_RUN, assignment, str(timeout)], folder=folder,
-                        limits=feedback_limits(timeout), sandbox=sandbox)
+                        limits=feedback_limits(timeout), sandbox=sandbox, env=NOTEBOOK_FIGURES)
     try:
         return parse_notebook(run.result), None  # data from the pipe, never a file it could replace
     except ValueError:

@@ -206,6 +206,14 @@ def feedback_page(workdir, student):
 
 
 @needs_sandbox
+def test_the_feedback_page_shows_the_notebooks_figures(graded):
+    """The second new-student walkthrough: no feedback page showed a figure (the sandbox's Agg
+    backend draws nowhere); the release's own plot cell draws one for a complete notebook."""
+    workdir, _ = graded
+    assert "data:image/png;base64," in feedback_page(workdir, "full")
+
+
+@needs_sandbox
 def test_no_feedback_page_holds_the_secret_a_seed_or_the_instructors_environment(graded):
     workdir, scores = graded
     secret = gradebook.PLACEHOLDER_SECRET
