@@ -1,4 +1,4 @@
-"""One transformer block, five precisions: forward and training-step time, memory, speed-up.
+"""One transformer block, five precisions: forward and forward + backward time, memory, speed-up.
 
 Measured the way chapter 7 teaches: every precision is timed once per round, the rounds in a
 fresh random order each (a machine that drifts then spreads over all precisions instead of
@@ -54,7 +54,7 @@ class PrecisionRow:
         precision: a name of ``PRECISIONS``; ``description`` says what it means here.
         forward_ms: one forward pass under ``torch.no_grad()`` (inference).
         step_ms: forward, loss and backward (gradients set to None before each).
-        peak_memory_mb: CUDA only: ``torch.cuda.max_memory_allocated()`` over one training step,
+        peak_memory_mb: CUDA only: ``torch.cuda.max_memory_allocated()`` over one forward and backward pass,
             this precision's weights, gradients, activations and the input included (MiB).
             None on a CPU: PyTorch's CPU allocator keeps no such statistic.
         forward_speedup, step_speedup: FP32-strict time / this time (medians).
@@ -107,7 +107,7 @@ class PrecisionComparison:
         return self.tokens * (6 * self.parameters + 12 * self.seq_len * self.dim)
 
     def model_tflops(self, precision: str) -> float | None:
-        """Model FLOPs per second of one training step in ``precision``, in TFLOP/s."""
+        """Model FLOPs per second of one forward and backward pass in ``precision``, in TFLOP/s."""
         row = self.row(precision)
         return None if row.step_ms is None else self.model_flops_per_step / (row.step_ms * 1e-3) / 1e12
 
@@ -231,7 +231,7 @@ def _step(name, model, x, device):
 
 
 def _measure(name, model, x, device, budget_ms) -> tuple[float, float]:
-    """One round: the median forward and training-step times, in ms."""
+    """One round: the median forward and forward + backward times, in ms."""
     def forward():
         with torch.no_grad(), _autocast(name, device)():
             model(x)

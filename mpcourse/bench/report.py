@@ -101,14 +101,16 @@ def plot_roofline(results: SuiteResults, ax=None):
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
     ax.set_ylabel("throughput (TFLOP/s)")
-    ax.set_title("Roofline: flat roofs at the datasheet peak (solid) or best measured (dashed);"
+    roofs = sorted({"datasheet peaks (solid)" if m.peak_tflops else "best measured (dashed)"
+                    for m in measured.values()})
+    ax.set_title(f"Roofline: flat roofs at the {' or '.join(roofs)};"
                  "\ndots: matmuls of growing size", fontsize=9)
     ax.legend(fontsize=7)
     return ax
 
 
 def plot_precisions(results, ax=None):
-    """The transformer block's forward and training-step time per precision (skipped: marked).
+    """The transformer block's forward and forward + backward time per precision (skipped: marked).
 
     ``results``: a :class:`SuiteResults`, or the :class:`PrecisionComparison` itself."""
     ax = _axes(ax)
@@ -127,8 +129,8 @@ def plot_precisions(results, ax=None):
                         va="bottom", fontsize=7)
     ax.set_xticks(x, [PRECISION_LABELS[r.precision] for r in rows])
     ax.set_ylabel("median time (ms)")
-    ax.set_title("Transformer block: time per precision (label: training-step speed-up "
-                 "vs FP32)", fontsize=9)
+    ax.set_title("Transformer block: time per precision (label: forward + backward speed-up "
+                 "vs FP32, no optimizer step)", fontsize=9)
     ax.legend(fontsize=7)
     return ax
 
