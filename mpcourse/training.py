@@ -8,7 +8,7 @@ Everything the earlier chapters built, in one training step::
         backward(S * loss_i * n_i / N)                # gradients add up in FP32 .grad
     g <- g / S                                        # unscale (FP16 only), in FP32
     ||g|| <- norm of g; if max_grad_norm: clip g      # in true units, after unscaling
-    if g has inf/NaN: skip the step                   # parameters untouched
+    if g has inf/NaN: skip the step                   # parameters untouched (FP8: an inf/NaN at a cast raises)
     else: optimizer.step()
     S <- next scale (FP16 only: halve after an overflow, double after growth_interval clean steps)
 
@@ -213,7 +213,8 @@ class MixedPrecisionTrainer:
             self.scaler.step(self.optimizer)       # skipped if a gradient is inf/NaN
             self.scaler.update()
             skipped = self.scaler.history[-1].found_inf
-        else:  # in FP32, BF16 and FP8 an inf/NaN gradient is a bug; skip the step and report it
+        else:  # in FP32 and BF16 an inf/NaN gradient is a bug; skip the step and report it
+            # (in FP8 one that reaches an FP8 cast has already raised ValueError there)
             skipped = not math.isfinite(grad_norm)
             if not skipped:
                 self.optimizer.step()

@@ -153,6 +153,15 @@ def test_a_step_with_an_inf_gradient_is_skipped_and_changes_nothing(precision, d
         assert following.scale == record.scale / 2  # the scaler backed off
 
 
+
+def test_fp8_an_inf_that_reaches_an_fp8_cast_raises_instead_of_skipping(device):
+    """FP8 checks before each cast (a cast could turn an overflow into a finite value), so an
+    overflowing loss raises in backward rather than reaching the trainer's skip."""
+    trainer = make_trainer(TrainerConfig("fp8"), device=device)
+    batch = schedule(1, device=device)[0]
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        trainer.train_step(batch, lambda model, b: loss_fn(model, b) * math.inf)
+
 # --- clipping after unscaling --------------------------------------------------------------------
 
 def test_clipping_happens_after_unscaling_in_true_units():
