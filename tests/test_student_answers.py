@@ -142,38 +142,59 @@ def without_check(source: str, k: int) -> str:
     return ast.unparse(tree)
 
 
+def weakenings(source: str) -> list[tuple[str, str]]:
+    """[(what was taken out, the source without it)]: each input check removed, and each of its
+    conditions (`A or B`, `not (A and B)`) removed in turn, as a student who checks only part of
+    what the task lists (the second new-student walkthrough: `error_sweep([])`, an infinite `high`)."""
+    checks = [ast.unparse(n.test) for n in ast.walk(ast.parse(source)) if is_check(n)]
+    out = []
+    for k, condition in enumerate(checks):
+        out.append((f"if {condition}: raise", without_check(source, k)))
+        for j in range(100):
+            tree = ast.parse(source)
+            target = [n for n in ast.walk(tree) if is_check(n)][k]
+            negated = (isinstance(target.test, ast.UnaryOp) and isinstance(target.test.op, ast.Not)
+                       and isinstance(target.test.operand, ast.BoolOp) and isinstance(target.test.operand.op, ast.And))
+            holder = target.test.operand if negated else target.test
+            if not (isinstance(holder, ast.BoolOp) and (negated or isinstance(holder.op, ast.Or))) or j >= len(holder.values):
+                break
+            dropped = ast.unparse(holder.values.pop(j))
+            if len(holder.values) == 1 and negated:
+                target.test.operand = holder.values[0]
+            elif len(holder.values) == 1:
+                target.test = holder.values[0]
+            out.append((f"if {condition}: raise, without `{dropped}`", ast.unparse(tree)))
+    return out
+
+
 def without_each_check(assignment: str, visible: bool) -> dict:
-    """For each input check of each solution cell, whether its part passes without that check:
-    {(cell, k): passed}. One run of the hidden-test runner in all: each variant is a part of its own."""
+    """For each weakening of each solution cell's input checks (`weakenings`), whether its part
+    passes: {(cell, what was taken out): passed}. One run of the hidden-test runner in all: each
+    variant is a part of its own."""
     cells = fabricate.solution_cells(assignment)
-    variants = [(gid, k) for gid, src in cells.items() for k in range(sum(map(is_check, ast.walk(ast.parse(src)))))]
+    variants = [(gid, what, code) for gid, src in cells.items() for what, code in weakenings(src)]
     parts, student = [], None
-    for i, (gid, k) in enumerate(variants):
-        student = jobs(assignment, {gid: without_check(cells[gid], k)}, visible)[1]
+    for i, (gid, _, code) in enumerate(variants):
+        student = jobs(assignment, {gid: code}, visible)[1]
         part = next(p for p in student["parts"] if notebooks.part_of(p["test_id"]) == notebooks.part_of(gid))
         parts.append({**part, "test_id": f"variant {i}"})
     if not parts:
         return {}
     records = runner({**student, "parts": parts}, library(assignment))
     reference = reference_record(assignment, visible)
-    return {(gid, k): judge.judge_part(reference[f"{notebooks.part_of(gid)}_tests"], records[f"variant {i}"])["passed"]
-            for i, (gid, k) in enumerate(variants)}
+    return {(gid, what): judge.judge_part(reference[f"{notebooks.part_of(gid)}_tests"], records[f"variant {i}"])["passed"]
+            for i, (gid, what, _) in enumerate(variants)}
 
 
 @pytest.mark.parametrize("assignment", assignments())
 def test_every_input_check_the_hidden_tests_grade_is_tried_by_a_visible_test(assignment):
     """Issue 48, item 2: the ticks predict the grade. For each input check of the solution (`if
-    ...: raise ...`), the solution without it: where the hidden tests then take the part's points,
-    the visible tests must fail too (ex1 Part 1 lost all its points to an empty-input check that no
-    visible test tried)."""
+    ...: raise ...`), the solution without it, and without each of its conditions: where the hidden
+    tests then take the part's points, the visible tests must fail too (ex1 Part 1 lost all its
+    points to an empty-input check that no visible test tried)."""
     hidden, visible = without_each_check(assignment, False), without_each_check(assignment, True)
-    solution = fabricate.solution_cells(assignment)
-
-    def condition(gid, k):
-        return ast.unparse([n for n in ast.walk(ast.parse(solution[gid])) if is_check(n)][k].test)
-
-    missed = [f"{gid}: if {condition(gid, k)}: raise" for (gid, k), passed in hidden.items()
-              if not passed and visible[gid, k]]
+    assert hidden  # every exercise checks some input
+    missed = [f"{gid}: {what}" for (gid, what), passed in hidden.items() if not passed and visible[gid, what]]
     assert not missed, missed
 
 
