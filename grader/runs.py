@@ -152,11 +152,20 @@ def defined_names(source: str) -> frozenset[str]:
 # Each part asks again about the same cells: parsed once. Only cells short enough to parse are
 # kept, and at most 256 of them (at most 200,000 characters each).
 @functools.lru_cache(maxsize=256)
-def _defined_names(source: str) -> frozenset[str]:
+def parsed(source: str) -> ast.Module | None:
+    """A cell's code as the runner reads it (IPython's lines commented out), or None where it cannot
+    be parsed. Only read, never changed: the tree is shared."""
     try:
         with PARSING:
-            tree = ast.parse(without_magics(source))
+            return ast.parse(without_magics(source))
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # code that cannot be parsed
+        return None
+
+
+@functools.lru_cache(maxsize=256)
+def _defined_names(source: str) -> frozenset[str]:
+    tree = parsed(source)
+    if tree is None:
         return frozenset()
     names = set()
     for node in module_level(tree.body):
@@ -202,10 +211,8 @@ def free_names(source: str) -> frozenset[str]:
 
 @functools.lru_cache(maxsize=256)
 def _free_names(source: str) -> frozenset[str]:
-    try:
-        with PARSING:
-            tree = ast.parse(without_magics(source))
-    except (SyntaxError, ValueError, RecursionError, MemoryError):  # code that cannot be parsed
+    tree = parsed(source)
+    if tree is None:
         return frozenset()
     read, bound = set(), set()
     for node in ast.walk(tree):
@@ -228,12 +235,8 @@ def used_names(source: str) -> frozenset[str]:
 
 @functools.lru_cache(maxsize=256)
 def _used_names(source: str) -> frozenset[str]:
-    try:
-        with PARSING:
-            tree = ast.parse(without_magics(source))
-        return frozenset(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
-    except (SyntaxError, ValueError, RecursionError, MemoryError):  # code that cannot be parsed
-        return frozenset()
+    tree = parsed(source)
+    return frozenset() if tree is None else frozenset(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
 
 
 def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *, reference: bool = False) -> dict:
