@@ -127,7 +127,7 @@ def moodle(relative: Path) -> dict | None:
             "user": person["user"], "name": person["person"]}
 
 
-def own_name(relative: Path, parse, assignment: str) -> bool:
+def own_name(relative: Path, assignment: str) -> bool:
     """Whether the notebook is named as the exercise (`ex1_precision_comparison.ipynb`, or with an
     upload number, `ex1_precision_comparison (2).ipynb`), whatever prefix the LMS put before it."""
     name = AGAIN.sub("", Path(relative.name).stem)
@@ -146,7 +146,7 @@ def latest_uploads(folder: Path, parse, assignment: str | None = None) -> dict[s
         relative = path.relative_to(folder)
         theirs = parse(relative)
         if theirs and "claims" not in theirs and "ambiguous" not in theirs:
-            order = (theirs["order"][0], own_name(relative, parse, assignment), *theirs["order"][1:])
+            order = (theirs["order"][0], own_name(relative, assignment), *theirs["order"][1:])
             best[theirs["student_id"]] = max(best.get(theirs["student_id"], ()), (order, relative.as_posix(), theirs))
     return {student: (Path(relative), info) for student, (_, relative, info) in best.items()}
 
