@@ -210,7 +210,7 @@ def test_the_feedback_page_shows_the_notebooks_figures(graded):
     """The second new-student walkthrough: no feedback page showed a figure (the sandbox's Agg
     backend draws nowhere); the release's own plot cell draws one for a complete notebook."""
     workdir, _ = graded
-    assert "data:image/png;base64," in feedback_page(workdir, "full")
+    assert "data:image/png;base64," in feedback_page(workdir, "entity_links")  # the complete notebook, one cell added
 
 
 @needs_sandbox
