@@ -222,6 +222,20 @@ def test_ex5_matmul_cost_shows_the_real_call_with_its_torch_dtype_and_the_expect
     assert "matmul_cost(4, 4, 2.0, torch.float32)" in shown
 
 
+def test_ex7_part3_a_grad_kept_by_reference_fails_the_visible_tests_as_it_fails_the_hidden_ones():
+    """The second new-student walkthrough: `.grad` saved by reference and put back without clearing
+    it first (backward adds into that same tensor) passed the visible test, which only had `.grad`
+    None, and scored 0/2."""
+    solution = fabricate.solution_cells("ex7_fp16_nan_hunt")["p3_solution"]
+    by_reference = solution.replace("        for p in parameters:\n            p.grad = None\n", "")
+    assert by_reference != solution
+    for visible in (True, False):
+        verdicts, _ = run("ex7_fp16_nan_hunt", {"p3_solution": by_reference}, visible=visible, only="p3")
+        assert not verdicts["p3_tests"]["passed"], (visible, verdicts)
+    verdicts, _ = run("ex7_fp16_nan_hunt", {"p3_solution": by_reference}, visible=True, only="p3")
+    assert "leave .grad as it was" in verdicts["p3_tests"]["message"]
+
+
 def test_ex2_part1_accepts_a_float32_mean_and_still_rejects_one_element_counted_wrong():
     solution = fabricate.solution_cells("ex2_loss_scaling")["p1_solution"]
     float32_mean = solution.replace("survived.double().mean().item()", "survived.float().mean().item()")
