@@ -39,8 +39,8 @@ from pathlib import Path
 
 from grader import sandbox as sandboxing
 from grader.course import ROOT, generate_assignment
-from grader.notebooks import (above_the_tests, grade_id, json_data, parse_notebook, part_of,  # noqa: F401
-                              example, source_text, student_code, without_magics)
+from grader.notebooks import (example, grade_id, json_data, parse_notebook, part_of, source_text, student_code,
+                              without_magics)
 from grader.review_flags import PARSING, not_parsed  # one lock: ast.parse is not thread-safe in 3.11
 from grader.student_copy import CHECKS_WITH_EXPECTED, student_copy, without_expected  # noqa: F401
 from grader.withheld import declared

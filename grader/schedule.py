@@ -42,7 +42,7 @@ from grader.feedback import hidden_test_lines, seeds_of
 from grader.gradebook import (db_url, graded_students, instructor_secret, record, register, registered, submitters,
                               without_password)
 from grader.notebooks import (grade_id, normalised, other_notebooks, part_of, read_notebook, read_submission,
-                              recovered, renamed_note, source_text, student_code, submitted_name)
+                              recovered, renamed_note, student_code, submitted_name)
 from grader.review_flags import ANSWER_CHARS, review_flags
 from grader.withheld import declared, library_copy
 from grader.runs import (BrokenEnvironment, NoSandbox, environment_problem, hidden_test_job,  # noqa: F401
