@@ -3,7 +3,7 @@ products of a training step against its definition: the operands quantized here,
 from the formulas (block maxima, E8M0 / E4M3 / FP32 scales, torch's float8 casts, the Hadamard
 transform, the same stochastic-rounding draws), multiplied in float64, within the FP32-accumulation
 bound. Shapes not multiples of the blocks (padding), bit-identical resume, and torchao's emulated
-MXFP8 layer where torchao is installed."""
+MXFP8 layer and NVFP4 quantizer where torchao is installed."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -270,6 +270,23 @@ def test_mxfp8_agrees_with_torchao_emulated_mxfp8_linear():
                                               references, extras):
         # both within the bound of the same exact product: within twice the bound of each other
         assert_within_fp32_accumulation(a, b.double(), 2 * magnitude, k, 2 * extra)
+
+
+def test_nvfp4_quantizer_agrees_with_torchao_nvfp4_tensor():
+    nvfp4_tensor = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+    t = varied(96, 160, 9)
+    theirs = nvfp4_tensor.NVFP4Tensor.to_nvfp4(
+        t, per_tensor_scale=nvfp4_tensor.per_tensor_amax_to_scale(t.abs().max())).dequantize(torch.float32)
+    ours = get_recipe("nvfp4").quantize_rows(t, "e2m1").dequantize()[:, :t.shape[1]]
+    # torchao (0.18) clamps a block scale at E4M3's smallest normal value, 2^-6, where ours rounds it
+    # into E4M3's subnormals: the two agree in the blocks whose scale is normal
+    wanted = t.abs().reshape(96, 10, 16).amax(-1) / E2M1_MAX / (t.abs().max() / (E4M3_MAX * E2M1_MAX))
+    normal = (wanted >= 2.0**-6).repeat_interleave(16, dim=1)
+    assert normal.float().mean() > 0.9 and not normal.all()  # both kinds of block are tested
+    # the same codes and scales: the values differ only where code x block scale x tensor scale rounds
+    # differently in FP32 (two roundings, in another order)
+    torch.testing.assert_close(ours[normal], theirs[normal], rtol=4 * U32, atol=0)
+    assert not torch.equal(ours[~normal], theirs[~normal])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
