@@ -23,7 +23,7 @@ own checks, or records nothing for a part, is the instructor's problem: `Referen
 """
 import numpy as np
 
-from mpcourse.grading import closeness_problem, numbers_of, own_work_problem, raises_problem, shown_data
+from mpcourse.grading import closeness_problem, difference, numbers_of, own_work_problem, raises_problem, shown_data
 
 KINDS = ("close", "equal", "reference", "raises", "own_work")
 
@@ -67,8 +67,7 @@ def compare(reference: dict, student: dict) -> str | None:
         return closeness_problem(actual, expected, float(reference["rtol"]), float(reference["atol"]), what)
     if kind == "equal":
         if student.get("actual") != reference.get("expected"):
-            return (f"{what}: expected {shown_data(reference.get('expected'))}, "
-                    f"got {shown_data(student.get('actual'))}")
+            return f"{what}: {difference(reference.get('expected'), student.get('actual'))}"
         return None
     if kind == "reference":
         want, got = reference.get("actual"), student.get("actual")
@@ -84,7 +83,7 @@ def compare(reference: dict, student: dict) -> str | None:
                 return f"{what} should be a number, array or tensor ({actual})"
             return closeness_problem(actual, as_numbers(want), float(reference["rtol"]), float(reference["atol"]),
                                      what)
-        return None if got == want else f"{what}: expected {shown_data(want)}, got {shown_data(got)}"
+        return None if got == want else f"{what}: {difference(want, got)}"
     if kind == "raises":
         raised = student.get("raised")
         raised = [str(name) for name in raised] if isinstance(raised, list) else None

@@ -421,7 +421,7 @@ def assert_equal(actual, expected, *, what: str = "result"):
                               "expected": None if expected is None else data(expected)})
         return
     if got != data(expected):
-        raise AssertionError(f"{what}: expected {shown_data(data(expected))}, got {shown_data(got)}")
+        raise AssertionError(f"{what}: {difference(data(expected), got)}")
 
 
 def matches_reference(actual, *, what: str = "result", rtol: float = 0.0, atol: float = 0.0):
@@ -491,6 +491,45 @@ def numbers_of(record: dict) -> np.ndarray | str:
     if len(raw) != 8 * math.prod(shape):
         return "an array whose shape and values disagree"
     return np.frombuffer(raw, dtype="<f8").reshape(shape)
+
+
+def difference(expected, got) -> str:
+    """`expected X, got Y` for two `data` records, said where they first differ: within lists,
+    tuples or dicts of one length, the first item that differs (`item 2: ...`); within two tensors
+    or arrays of one kind, dtype and shape, the first value that differs and how many do. A message
+    cut at a few hundred characters then still shows the difference (issue 48: a list of tensors
+    read "expected [<tensor of shape (12, 8)...>, ...], got [<tensor of shape (12, 8)...>, ...]")."""
+    where = []
+    while isinstance(expected, dict) and isinstance(got, dict) and len(where) < 8:
+        kind = next((k for k in ("list", "tuple", "dict") if k in expected and k in got), None)
+        items, other = (expected.get(kind), got.get(kind)) if kind else (None, None)
+        if not (isinstance(items, list) and isinstance(other, list) and len(items) == len(other)):
+            break
+        first = next((i for i, (a, b) in enumerate(zip(items, other)) if a != b), None)
+        if first is None:
+            break
+        if kind == "dict":
+            pair, theirs = items[first], other[first]
+            if not (isinstance(pair, list) and isinstance(theirs, list) and len(pair) == len(theirs) == 2
+                    and pair[0] == theirs[0]):
+                break
+            where.append(f"at key {shown_data(pair[0], 40)}")
+            expected, got = pair[1], theirs[1]
+        else:
+            where.append(f"item {first}")
+            expected, got = items[first], other[first]
+    prefix = "".join(f"{w}: " for w in where)
+    kind = next((k for k in ("tensor", "array") if isinstance(expected, dict) and isinstance(got, dict)
+                 and k in expected and k in got), None)
+    if kind and expected[kind] == got[kind] and expected.get("shape") == got.get("shape"):
+        want, have = numbers_of(expected), numbers_of(got)
+        if isinstance(want, np.ndarray) and isinstance(have, np.ndarray) and want.size > 8:
+            differ = ~((want == have) | (np.isnan(want) & np.isnan(have)))
+            if differ.any():
+                at = tuple(int(i) for i in np.argwhere(differ)[0])
+                return (f"{prefix}at index {list(at)}: expected {float(want[at])!r}, got {float(have[at])!r} "
+                        f"({int(differ.sum())} of {want.size} values differ)")
+    return f"{prefix}expected {shown_data(expected)}, got {shown_data(got)}"
 
 
 def shown_data(record, width: int = 80) -> str:

@@ -8,6 +8,7 @@ import base64
 import copy
 import inspect
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from grader import fabricate, hostile_corpus, judge, notebooks, runs, student_copy, withheld
+from grader import fabricate, feedback, hostile_corpus, judge, notebooks, runs, student_copy, withheld
 from grader.course import assignments
 from mpcourse import grading, numerics
 from tests import test_student_answers
@@ -61,6 +62,30 @@ def test_right_answers_pass_and_each_kind_of_wrong_answer_fails_with_its_reason(
     assert "the dtype of f(x): expected torch.float32, got torch.float64" in verdict(
         lambda x: exp_checked(x).double())["message"]
     assert "expected it to raise TypeError" in verdict(lambda x: torch.exp(torch.as_tensor(x)))["message"]
+
+
+def test_a_mismatch_inside_a_list_of_tensors_is_named_where_it_is_before_any_cut():
+    """Issue 48's walkthrough: "expected [<tensor of shape (12, 8)...>, ...], got [<tensor of shape
+    (12, 8)...>, ...]", cut at the feedback's length before anything that differed. The message
+    now names the item, the first index that differs and how many do, in the notebook and graded."""
+    grads = [torch.full((12, 8), 0.5, dtype=torch.float16), torch.full((12,), 0.5, dtype=torch.float16)]
+    changed = [g.clone() for g in grads]
+    changed[1][7] = 0.75
+    test = "grading.assert_equal(f(), expected, what='.grad afterwards')\n"
+    want = r"\.grad afterwards: item 1: at index \[7\]: expected 0\.5, got 0\.75 \(1 of 12 values differ\)"
+    with pytest.raises(AssertionError, match=want):
+        exec(test, {"grading": grading, "f": lambda: changed, "expected": grads})
+    for kind in (test, "grading.matches_reference(f(), what='.grad afterwards')\n"):
+        reference = observed(kind, f=lambda: grads, expected=grads)
+        student = observed(runs.without_expected(kind), f=lambda: changed)
+        message = judge.judge({"p1_tests": reference}, {"p1_tests": student})["p1_tests"]["message"]
+        assert re.fullmatch(want, message) and len(message) < feedback.MESSAGE_CHARS, message
+    # Where the shapes, dtypes or lengths differ, both sides are shown as before; in a dict, the key.
+    assert grading.difference(grading.data(grads[:1]), grading.data(grads)).startswith("expected [<tensor of shape")
+    assert grading.difference(grading.data({"a": 1, "b": [2, 3]}), grading.data({"a": 1, "b": [2, 4]})) == (
+        "at key 'b': item 1: expected 3, got 4")
+    assert grading.difference(grading.data(torch.ones(2)), grading.data(torch.ones(2).double())) == (
+        "expected <tensor [1.0, 1.0], torch.float32>, got <tensor [1.0, 1.0], torch.float64>")
 
 
 def test_the_students_copy_of_a_test_holds_no_expected_value():
