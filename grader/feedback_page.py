@@ -159,9 +159,17 @@ def escape_markup(text: str) -> str:
 def verdict(visible_passed: bool | None, hidden_passed: bool, message: str, points: float, width: int = 88) -> str:
     """The grader's line under a part's test cell, in plain words, wrapped (no sideways scrolling)."""
     hidden = "the hidden tests failed (the same checks on other inputs, and on bad inputs)"
-    if hidden_passed:
+    if hidden_passed and visible_passed is False:
+        # The notebook stopped at a line that raised, above; grading runs the lines after it
+        # (issue 48, third walkthrough: a page said "passed too" under the visible tests' NameError).
+        text = (f"Graded: {points:g} / {points:g}. The visible tests above failed in this run of your notebook, "
+                "but graded, these tests and the hidden ones (the same checks on other inputs, and on bad inputs) "
+                "passed: grading runs each statement of your cells on its own, so a line that raises does not "
+                "stop the lines after it, as it stops a cell in Jupyter. Make your notebook run to the end, and "
+                "what you see is what is graded.")
+    elif hidden_passed:
         text = (f"Graded: {points:g} / {points:g}. The hidden tests (the same checks on other inputs, and on bad "
-                "inputs) passed too.")
+                f"inputs) passed{' too' if visible_passed else ''}.")
     elif visible_passed:
         text = f"Graded: 0 / {points:g}. The visible tests above passed, but {hidden}: {message}"
     elif visible_passed is None:

@@ -168,6 +168,25 @@ def test_the_verdict_says_plainly_which_tests_passed_and_is_not_one_long_line():
     assert max(map(len, note.splitlines())) <= 90
 
 
+def test_a_part_graded_full_under_visible_tests_that_failed_in_the_run_says_why():
+    """Issue 48, third walkthrough: a try-out line that raised above a helper stopped that cell, so
+    the visible tests failed with a NameError in the run, and grading (which runs the lines after a
+    raising one) gave full points; the page said the hidden tests "passed too"."""
+    release = {"cells": [{"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "p3_tests", "grade": True,
+                                                                          "points": 3}}, "source": "check()"}],
+               "metadata": {}}
+    failed = {"output_type": "error", "ename": "NameError", "evalue": "name '_differ' is not defined", "traceback": []}
+    passed = {"output_type": "stream", "name": "stdout", "text": "\N{CHECK MARK} Part 3: all tests in this cell pass.\n"}
+    notes = {}
+    for name, outputs in (("failed", [failed]), ("passed", [passed]), ("not run", [])):
+        ran = {"cells": [{**release["cells"][0], "outputs": outputs}]}
+        nb = feedback.feedback_notebook(ran, release, {"p3_tests": 3.0}, {"p3_tests": {"passed": True, "message": ""}})
+        notes[name] = " ".join(nb["cells"][0]["outputs"][-1]["text"].split())
+    assert "Graded: 3 / 3" in notes["failed"] and "failed in this run of your notebook" in notes["failed"]
+    assert "too" not in notes["failed"] and "run to the end" in notes["failed"]
+    assert notes["passed"].endswith("passed too.") and notes["not run"].endswith("bad inputs) passed.")
+
+
 def test_the_feedback_reads_like_the_notebook_run_and_names_a_part_not_attempted():
     """Issue 47: the run's execution counts (none only where a cell did not run), no path of the
     grading machine in a traceback or warning, and "not attempted" for a part whose answer cells
