@@ -136,7 +136,10 @@ def safe_outputs(outputs) -> list[dict]:
                                       if isinstance(trace, list) else []})
         elif kind in ("display_data", "execute_result"):
             data = out.get("data", {}) if isinstance(out.get("data"), dict) else {}
-            clean = {"text/plain": source_text({"source": data["text/plain"]})} if "text/plain" in data else {}
+            # A Markdown output (the exercises' result tables) is kept as its text: readable, never
+            # rendered (its HTML would be the student's); its text/plain is only the object's repr.
+            plain = data.get("text/markdown", data.get("text/plain"))
+            clean = {"text/plain": source_text({"source": plain})} if plain is not None else {}
             for mime in ("image/png", "image/jpeg"):
                 if isinstance(data.get(mime), str) and IMAGE.match(data[mime]):
                     clean[mime] = data[mime]

@@ -353,9 +353,10 @@ VANDAL = (
 SCRIPT_MARK = "PWNED-by-student"
 XSS_MARKDOWN = (f"<script>alert('{SCRIPT_MARK}')</script> <img src=x onerror=\"alert('{SCRIPT_MARK}')\">\n"
                 f"<iframe src=\"javascript:alert('{SCRIPT_MARK}')\"></iframe> [link](javascript:alert('{SCRIPT_MARK}'))\n")
-XSS_CODE = ("from IPython.display import HTML, Javascript, SVG, display\n"
+XSS_CODE = ("from IPython.display import HTML, Javascript, Markdown, SVG, display\n"
             f"display(HTML(\"<script>alert('{SCRIPT_MARK}')</script><img src=x onerror=\\\"alert('{SCRIPT_MARK}')\\\">\"))\n"
             f"display(Javascript(\"alert('{SCRIPT_MARK}')\"))\n"
+            f"display(Markdown(\"| a |\\n|---|\\n| <script>alert('{SCRIPT_MARK}')</script> [x](javascript:alert(1)) |\"))\n"
             f"display(SVG('<svg xmlns=\\\"http://www.w3.org/2000/svg\\\"><script>alert(\\\"{SCRIPT_MARK}\\\")</script></svg>'))\n")
 
 # Issue 31: reading what grading does not need, leaking it, hurting the run and the neighbours.

@@ -160,6 +160,7 @@ def test_the_feedback_runs_no_student_html_and_shows_no_hidden_test(graded):
         assert not leaked, f"{page}: {leaked[:2]}"
     xss = (workdir / "hostile" / "feedback" / "xss_feedback" / HOSTILE_TARGET / f"{HOSTILE_TARGET}.html").read_text()
     assert hostile_corpus.SCRIPT_MARK in xss  # shown as text, not run
+    assert "| a |" in xss and not dangerous_addresses(xss)  # a Markdown output: its text, inert
 
 
 def test_gigantic_output_is_cut_in_the_graded_notebook(graded):

@@ -168,6 +168,16 @@ def test_the_verdict_says_plainly_which_tests_passed_and_is_not_one_long_line():
     assert max(map(len, note.splitlines())) <= 90
 
 
+def test_a_markdown_output_is_kept_as_its_text_never_rendered():
+    """Issue 48, third walkthrough: the exercises' result tables (`display(Markdown(...))`) showed
+    as "<IPython.core.display.Markdown object>" in the feedback."""
+    table = "| piece | breaks |\n|---|---|\n| RNG | the batches |\n<script>alert(1)</script>"
+    out = {"output_type": "display_data", "metadata": {},
+           "data": {"text/markdown": table, "text/plain": "<IPython.core.display.Markdown object>"}}
+    assert feedback.safe_outputs([out]) == [{"output_type": "display_data", "data": {"text/plain": table},
+                                             "metadata": {}}]
+
+
 def test_a_part_graded_full_under_visible_tests_that_failed_in_the_run_says_why():
     """Issue 48, third walkthrough: a try-out line that raised above a helper stopped that cell, so
     the visible tests failed with a NameError in the run, and grading (which runs the lines after a
