@@ -29,6 +29,7 @@ the current folder) for collect, grade, prepare, pack-feedback and export; the r
 import argparse
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from grader import course, gradebook, schedule
@@ -102,6 +103,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # A warning of ours (no grading secret, ...) is one line for the instructor, not Python's
+    # file:line and source line, which read as a crash (issue 48, third walkthrough).
+    warnings.formatwarning = lambda message, category, *where, **more: f"WARNING: {message}\n"
     cli = parser()
     args = cli.parse_args(argv)
     from sqlalchemy.exc import OperationalError

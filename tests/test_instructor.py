@@ -66,6 +66,24 @@ def test_the_secret_comes_from_the_variable_then_the_untracked_file(tmp_path, mo
     assert gradebook.instructor_secret(course) == "from-the-variable"
 
 
+def test_the_command_line_says_a_missing_secret_in_one_line_not_as_a_python_warning(tmp_path, monkeypatch):
+    """Issue 48, third walkthrough: the first `grade` printed Python's `file:line: UserWarning:`
+    and the `warnings.warn(...)` source line, which read as a crash."""
+    import warnings
+
+    from grader.__main__ import main
+    course = fresh_course(tmp_path / "course")
+    monkeypatch.delenv(gradebook.SECRET_VARIABLE, raising=False)
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # main() sets it; put back after
+    with pytest.raises(SystemExit):
+        main(["grade"])  # no assignment named: the command line stops after its set-up
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gradebook.instructor_secret(course)
+    shown = warnings.formatwarning(caught[0].message, caught[0].category, caught[0].filename, caught[0].lineno)
+    assert shown.startswith("WARNING: no grading secret") and shown.count("\n") == 1 and "warnings.warn" not in shown
+
+
 def test_a_secret_in_a_tracked_file_is_refused(tmp_path, monkeypatch):
     monkeypatch.delenv(gradebook.SECRET_VARIABLE, raising=False)
     course = fresh_course(tmp_path / "course")
