@@ -17,6 +17,7 @@ import time
 import warnings
 from pathlib import Path
 
+import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -264,6 +265,76 @@ def test_two_shards_meet_in_postgresql_and_a_killed_one_reruns_without_duplicate
             duplicated = book.db.execute(text("SELECT notebook_id, cell_id FROM grade GROUP BY notebook_id, cell_id "
                                               "HAVING count(*) > 1")).all()
             assert duplicated == []
+
+
+# A fork bomb in a notebook cell (the feedback run's kernel may fork; the hidden-test run cannot):
+# children that fail to fork stop; those that did become `sleep BOMB_SECONDS`, which the test counts
+# from outside; then the cell waits, so the bomb holds its processes until its shard is stopped.
+BOMB_SECONDS = "47.25"
+BOMB = f"""import os, time
+for _ in range(100_000):
+    try:
+        if os.fork() == 0:
+            os.execv("/bin/sleep", ["sleep", "{BOMB_SECONDS}"])
+    except OSError:
+        break
+time.sleep({BOMB_SECONDS})
+"""
+
+
+def bombs() -> int:
+    found = subprocess.run(["pgrep", "-c", "-x", "-f", f"sleep {BOMB_SECONDS}"], capture_output=True, text=True)
+    return int(found.stdout.strip() or 0)
+
+
+@needs_sandbox
+@pytest.mark.skipif(NO_POSTGRES is not None, reason=f"no PostgreSQL here: {NO_POSTGRES}")
+def test_a_fork_bomb_in_one_shard_leaves_the_other_shards_grades_as_a_lone_run_gives(serial, tmp_path):
+    """Issue 46, as the instructor met it: two shards on one machine, one grading a student whose
+    notebook forks until the kernel refuses, the other grading honest students at that moment. With
+    shared sandbox uids the second shard's sandboxes could not fork: NOT GRADED, exported as 0. (On a
+    kernel that counts the process limit per user namespace, as 6.18 does, shared uids no longer
+    collide; the test holds the outcome there all the same, test_two_grading_processes_never_share_a_sandbox_uid
+    the uids.)"""
+    import shutil
+    lone, expected = serial
+    course = tmp_path / "course"
+    shutil.copytree(lone, course, ignore=shutil.ignore_patterns("gradebook.db", "autograded", "feedback"))
+    honest = [s for s in KINDS if schedule.in_shard(s, (2, SHARDS))]
+    for student in set(KINDS) - set(honest):  # shard 1 grades the bomber alone
+        shutil.rmtree(course / "submitted" / student)
+    bomber = next(f"bomber{i}" for i in range(100) if schedule.in_shard(f"bomber{i}", (1, SHARDS)))
+    full = fabricate.submissions(ASSIGNMENT)["full"]
+    fabricate.write_submission(course, ASSIGNMENT, bomber, fabricate.edit(
+        full, lambda nb: nb.cells.append(nbformat.v4.new_code_cell(BOMB))))
+    assert honest and bombs() == 0
+    with postgres.Server() as server:
+        url = server.database("gradebook")
+        cli("prepare", ASSIGNMENT, "--course", str(course), "--db-url", url)
+        line = [sys.executable, "-m", "grader", "grade", ASSIGNMENT, "--course", str(course), "--db-url", url,
+                "--jobs", "1", "--shard"]
+        bombing = subprocess.Popen([*line, f"1/{SHARDS}", "--timeout", "60"], cwd=ROOT, env=ENV,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 180
+            while bombs() < 100 and bombing.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(1)  # at its limit (256 tasks a sandbox, the kernel's threads among them)
+            assert bombs() >= 100, "the bomb never went off"
+            result = subprocess.run([*line, f"2/{SHARDS}", "--no-feedback", "--timeout", "30"], cwd=ROOT, env=ENV,
+                                    capture_output=True, text=True, timeout=300)
+            still = bombs()
+        finally:
+            bombing.send_signal(signal.SIGINT)  # as Ctrl-C: its sandboxes end with it
+            bombing.communicate(timeout=120)
+        assert result.returncode == 0 and "NOT GRADED" not in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+        assert still >= 100, "the bomb was over before the honest shard finished: the test proved nothing"
+        graded = gradebook.scores(None, ASSIGNMENT, url)
+        assert {s: graded[s] for s in honest} == {s: expected[s] for s in honest}
+    deadline = time.monotonic() + 60
+    while bombs() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert bombs() == 0, "the bomb outlived its shard"
 
 
 @needs_sandbox
