@@ -39,6 +39,7 @@ part's record is its own line so that the grader checks each record's size befor
 and a record too large to read (mpcourse.grading.record_problem) costs that part only: its record
 then says why, and carries "refused" (a review flag).
 """
+import __future__
 import ast
 import copy  # noqa: F401  (imported before any student code: NOTEBOOK_MODULES)
 import ctypes
@@ -65,6 +66,13 @@ except Exception:  # noqa: BLE001  the set-up cell's own import says what is wro
 from mpcourse import grading
 
 
+# The compiler flags of the `from __future__` imports run so far in this process: a notebook keeps
+# them for the cells after (IPython does), and each statement here is compiled on its own, so a
+# statement after `from __future__ import annotations` lost it (red team 45g, A06: a class method
+# annotated with its own class raised NameError, 0/3 for an honest answer).
+FUTURE = [0]
+
+
 def run_cell(source: str, name: str, namespace: dict) -> str | None:
     """Run an answer cell's top-level statements in turn in `namespace`; one that raises does not
     stop the ones after it: a try-out line at the top of a cell (`print(f(a))`, `a` made by a cell of
@@ -77,8 +85,12 @@ def run_cell(source: str, name: str, namespace: dict) -> str | None:
         return describe(error)
     first = None
     for statement in statements:
+        if isinstance(statement, ast.ImportFrom) and statement.module == "__future__":
+            for alias in statement.names:
+                FUTURE[0] |= getattr(getattr(__future__, alias.name, None), "compiler_flag", 0)
         try:
-            exec(compile(ast.Module([statement], type_ignores=[]), name, "exec"), namespace)
+            exec(compile(ast.Module([statement], type_ignores=[]), name, "exec", flags=FUTURE[0], dont_inherit=True),
+                 namespace)
         except Exception as error:  # noqa: BLE001  what the cell defines elsewhere is still tested
             first = first or describe(error)
     return first

@@ -592,6 +592,20 @@ def test_a_try_out_line_that_fails_outside_the_notebook_does_not_cost_a_later_pa
     assert not verdict["passed"]
 
 
+def test_a_future_import_holds_for_the_statements_and_cells_after_it_as_in_a_notebook():
+    """Red team 45g, A06: each statement is compiled on its own, so `from __future__ import
+    annotations` at the top of an answer cell no longer held for the class below it; a method
+    annotated with its own class raised NameError: 0/3 for an honest answer."""
+    scaler = ("from __future__ import annotations\n\nclass Scaler:\n    @classmethod\n"
+              "    def make(cls) -> Scaler:\n        return cls()\n")
+    later = "def twice(s: Scaler) -> list[Scaler]:\n    return [s, s]\n"  # a later cell: the notebook keeps it
+    test = "assert len(twice(Scaler.make())) == 2 and Scaler.make.__annotations__['return'] == 'Scaler'\n"
+    verdict = run_job(SETUP, [["p1_solution", scaler], ["p2_solution", later]], test, ["Scaler", "twice"])
+    assert verdict["passed"], verdict
+    without = run_job(SETUP, [["p1_solution", scaler.split("\n", 1)[1]], ["p2_solution", later]], test, ["Scaler", "twice"])
+    assert not without["passed"] and "NameError" in without["message"]  # the control: the import is what matters
+
+
 def test_modules_a_notebook_habitually_imports_reach_the_answer_cells():
     """Red team 45c, A05a: `import math` in a cell of the student's own (grading ran answer cells
     only, then) made Part 3's `math.isfinite` a NameError: 0 of 2 for a right answer. The habitual
