@@ -10,7 +10,8 @@ observation matches the reference's i-th, for every i, by the reference's rules:
 
 - "close": the student's value within the reference's `atol + rtol*|expected|` of the reference's
   expected value (the student's copy of the tests never held one), with the same NaN and infinities;
-- "equal": the student's value is the reference's expected value exactly (type, dtype, shape, NaN);
+- "equal": the student's value is the reference's expected value exactly (type, dtype, shape, NaN;
+  an int and a float of one value count as the same);
 - "reference": the student's value is the reference solution's own value (numbers within tolerance);
 - "raises": the student's call raised one of the exceptions the tests expect (a subclass counts);
 - "own_work": the student's function called nothing the part forbids.
@@ -23,7 +24,7 @@ own checks, or records nothing for a part, is the instructor's problem: `Referen
 """
 import numpy as np
 
-from mpcourse.grading import closeness_problem, difference, numbers_of, own_work_problem, raises_problem, shown_data
+from mpcourse.grading import closeness_problem, difference, numbers_of, own_work_problem, raises_problem, same_data, shown_data
 
 KINDS = ("close", "equal", "reference", "raises", "own_work")
 
@@ -66,7 +67,7 @@ def compare(reference: dict, student: dict) -> str | None:
             return f"{what} should be a number, array or tensor ({actual})"
         return closeness_problem(actual, expected, float(reference["rtol"]), float(reference["atol"]), what)
     if kind == "equal":
-        if student.get("actual") != reference.get("expected"):
+        if not same_data(reference.get("expected"), student.get("actual")):
             return f"{what}: {difference(reference.get('expected'), student.get('actual'))}"
         return None
     if kind == "reference":
@@ -83,7 +84,7 @@ def compare(reference: dict, student: dict) -> str | None:
                 return f"{what} should be a number, array or tensor ({actual})"
             return closeness_problem(actual, as_numbers(want), float(reference["rtol"]), float(reference["atol"]),
                                      what)
-        return None if got == want else f"{what}: {difference(want, got)}"
+        return None if same_data(want, got) else f"{what}: {difference(want, got)}"
     if kind == "raises":
         raised = student.get("raised")
         raised = [str(name) for name in raised] if isinstance(raised, list) else None

@@ -412,15 +412,16 @@ def assert_close(actual, expected, *, rtol: float = 1e-6, atol: float = 0.0, wha
 
 
 def assert_equal(actual, expected, *, what: str = "result"):
-    """Assert `actual` is exactly `expected`: the same type (a tuple is not a list), value (NaN
-    equals NaN), dtype, shape and device; for results such as a dtype, a shape, a count or a flag.
+    """Assert `actual` is exactly `expected`: the same type (a tuple is not a list; an int and a
+    float of one value count as the same), value (NaN equals NaN), dtype, shape and device; for
+    results such as a dtype, a shape, a count or a flag.
     Graded, it records `actual` as data (the grader has removed `expected` there)."""
     got = data(actual)
     if _observations is not None:
         _observations.append({"check": "equal", "what": what, "actual": got,
                               "expected": None if expected is None else data(expected)})
         return
-    if got != data(expected):
+    if not same_data(data(expected), got):
         raise AssertionError(f"{what}: {difference(data(expected), got)}")
 
 
@@ -491,6 +492,28 @@ def numbers_of(record: dict) -> np.ndarray | str:
     if len(raw) != 8 * math.prod(shape):
         return "an array whose shape and values disagree"
     return np.frombuffer(raw, dtype="<f8").reshape(shape)
+
+
+def same_data(expected, got) -> bool:
+    """Whether two `data` records hold the same value: exactly, except that an int and a float of
+    one value are the same (a task's `0.0` answered `0` cost a part: red team 45g, A03 and A04),
+    also inside lists, tuples and dicts. A bool is not a number here, nor NaN equal to any int."""
+    if isinstance(expected, dict) and isinstance(got, dict):
+        if {*expected, *got} == {"int", "float"} and len(expected) == len(got) == 1:
+            try:
+                values = [int(r["int"]) if "int" in r else float.fromhex(r["float"]) for r in (expected, got)]
+            except (ValueError, TypeError, OverflowError):
+                return False
+            return values[0] == values[1]
+        for kind in ("list", "tuple", "dict"):
+            if kind in expected and kind in got and len(expected) == len(got) == 1:
+                a, b = expected[kind], got[kind]
+                if kind == "dict" and isinstance(a, list) and isinstance(b, list):  # [key, value] pairs
+                    a = [{"list": pair} if isinstance(pair, list) else pair for pair in a]
+                    b = [{"list": pair} if isinstance(pair, list) else pair for pair in b]
+                return (isinstance(a, list) and isinstance(b, list) and len(a) == len(b)
+                        and all(same_data(x, y) for x, y in zip(a, b)))
+    return expected == got
 
 
 def difference(expected, got) -> str:

@@ -88,6 +88,20 @@ def test_a_mismatch_inside_a_list_of_tensors_is_named_where_it_is_before_any_cut
         "expected <tensor [1.0, 1.0], torch.float32>, got <tensor [1.0, 1.0], torch.float64>")
 
 
+def test_an_int_where_the_reference_has_a_float_of_the_same_value_is_the_same_answer():
+    """Red team 45g, A03 and A04: `0` for the task's `0.0` (alone, or inside a tuple) and `1` for
+    `1.0` cost the part in the hidden `assert_equal`; in the notebook and graded alike they pass."""
+    for expected, answer in ((1.0, 1), ((0.0, 1.0), (0, 1.0)), ({"max": 0.0}, {"max": 0}), ([2.0, 3], [2, 3.0])):
+        test = "grading.assert_equal(f(), expected, what='the answer')\n"
+        exec(test, {"grading": grading, "f": lambda: answer, "expected": expected})  # the visible check passes
+        reference = observed(test, f=lambda: expected, expected=expected)
+        student = observed(runs.without_expected(test), f=lambda: answer)
+        assert judge.judge({"p1_tests": reference}, {"p1_tests": student})["p1_tests"]["passed"], (expected, answer)
+    for expected, answer in ((1.0, 1.5), (1.0, True), ((0.0, 1.0), [0.0, 1.0]), (float("nan"), 0), (2, 2.5)):
+        assert not grading.same_data(grading.data(expected), grading.data(answer)), (expected, answer)
+    assert not grading.same_data({"int": "1" * 5000}, {"float": "0x1p+0"})  # too long an int: no crash
+
+
 def test_the_students_copy_of_a_test_holds_no_expected_value():
     student = observed(runs.without_expected(REFERENCE_TEST), f=exp_checked, x=X)["observations"]
     assert [o.get("expected") for o in student if o["check"] in ("close", "equal")] == [None, None]
