@@ -8,7 +8,8 @@ A part declares the library functions it asks the student to write in its test c
 line, `grading.start("Part 1", withheld=("mpcourse.numerics.naive_softmax",))`. Grading gives the
 student's hidden-test sandbox a copy of `mpcourse` (and no other) in which each of them is a stub
 that raises AttributeError naming the rule, its code absent: no thread, stack walk or rewritten
-code object can reach what is not there. The stub keeps the name, so the library's own modules
+code object can reach what is not there. So is each private helper of its module (`_name`) that
+only withheld code uses (`private_helpers`). The stub keeps the name, so the library's own modules
 that import it still import; the library functions built on it fail too, with the same message,
 if called. The reference run, the feedback run and the student's own notebook keep the whole
 library (students may read it; copying it is plagiarism, as anywhere).
@@ -16,6 +17,7 @@ library (students may read it; copying it is plagiarism, as anywhere).
 import ast
 import importlib
 import inspect
+import re
 import shutil
 from pathlib import Path
 
@@ -77,9 +79,11 @@ def resolve(path: str) -> tuple[str, Path, str]:
     return path, file, value.__name__
 
 
-def stub(path: str, name: str, is_class: bool) -> ast.stmt:
-    message = (f"{path} is withheld while your work is graded: a part of this exercise asks you to write "
-               "it yourself, so the graded tests run without it (the course library is there to read)")
+def stub(path: str, name: str, is_class: bool, helper_of: str = "") -> ast.stmt:
+    why = (f"it computes part of what {helper_of} does, which a part of this exercise asks you to write" if helper_of
+           else "a part of this exercise asks you to write it yourself")
+    message = (f"{path} is withheld while your work is graded: {why}, so the graded tests run without it "
+               "(the course library is there to read)")
     raising = f"raise AttributeError({message!r})"
     code = (f"class {name}:\n    def __new__(cls, *args, **kwargs):\n        {raising}\n" if is_class
             else f"def {name}(*args, **kwargs):\n    {raising}\n")
@@ -107,6 +111,28 @@ def lazy_package(text: str) -> str:
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
+def private_helpers(tree: ast.Module, withheld: set[str], elsewhere: str) -> list[str]:
+    """The module's private functions (`_name`) that only withheld code uses, directly or through
+    other such helpers: what computes a withheld function's answer is out of reach too (red team
+    45g, A02b: `round_to`'s private core `_round_bit_level`, reached by a name built at run time,
+    gave ex3 Part 2 its points). A helper used at the module's top level, by a function or class
+    that is not withheld, or named in another module of the library (`elsewhere`) stays."""
+    defined = [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    users = {name: set() for name in defined if name.startswith("_") and not name.startswith("__")
+             and not re.search(rf"\b{name}\b", elsewhere)}
+    for node in tree.body:
+        owner = getattr(node, "name", None)  # None: a use at the module's top level
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Name) and inner.id in users and inner.id != owner:
+                users[inner.id].add(owner)
+    hidden = set(withheld)
+    while True:
+        more = {name for name, used_by in users.items() if name not in hidden and used_by and used_by <= hidden}
+        if not more:
+            return sorted(hidden - set(withheld))
+        hidden |= more
+
+
 def library_copy(withheld: list[str], folder: Path) -> Path:
     """`folder`, made to hold a copy of `mpcourse/` (no compiled files) in which every function or
     class of `withheld` is a stub: its definition's code replaced, its name kept; the package's
@@ -122,6 +148,9 @@ def library_copy(withheld: list[str], folder: Path) -> Path:
         copy = folder / "mpcourse" / file.relative_to(LIBRARY)
         with PARSING:
             tree = ast.parse(file.read_text())
+        module = ".".join(("mpcourse", *file.relative_to(LIBRARY).with_suffix("").parts))
+        elsewhere = "\n".join(other.read_text() for other in sorted(LIBRARY.rglob("*.py")) if other != file)
+        helpers = private_helpers(tree, {name for _, name in names}, elsewhere)  # read before the stubs
         for path, name in names:
             places = [i for i, node in enumerate(tree.body) if getattr(node, "name", None) == name
                       and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
@@ -129,5 +158,8 @@ def library_copy(withheld: list[str], folder: Path) -> Path:
                 raise ValueError(f"withheld: {path} is not defined at the top of {file.name}")
             for i in places:
                 tree.body[i] = stub(path, name, isinstance(tree.body[i], ast.ClassDef))
+        for helper in helpers:
+            i = next(i for i, node in enumerate(tree.body) if getattr(node, "name", None) == helper)
+            tree.body[i] = stub(f"{module}.{helper}", helper, False, helper_of=" or ".join(p for p, _ in names))
         copy.write_text(ast.unparse(ast.fix_missing_locations(tree)) + "\n")
     return folder

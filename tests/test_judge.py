@@ -337,6 +337,31 @@ def test_the_students_library_lacks_the_code_of_what_the_parts_ask_for(tmp_path)
     assert found[3] == [0.5, 0.5]
 
 
+def test_the_private_helpers_only_withheld_code_uses_are_withheld_with_it(tmp_path):
+    """Red team 45g, A02b: ex3 Part 2 withholds `round_to`; its private core `_round_bit_level`,
+    reached by a name built at run time, computed the answer (10/10, unflagged). Helpers that other
+    code of the library uses stay: the library still imports and its other functions work."""
+    ex3 = withheld.declared(notebooks.read_notebook(ROOT / "solutions" / "ex3_dynamic_range" / "ex3_dynamic_range.ipynb"))
+    library = withheld.library_copy(ex3, tmp_path)
+    reach = ("import importlib, torch\nf = importlib.import_module('mpcourse.' + 'formats')\n"
+             "for name in ('_round_bit_level', '_round_tensor', '_round_by_gaps'):\n"
+             "    try:\n        getattr(f, name)(torch.ones(2), f.FP16, 'nearest', False, None)\n        print('ran')\n"
+             "    except AttributeError as error:\n        print(error)\n"
+             "print(f.decode(torch.tensor([15360], dtype=torch.int32), f.FP16).tolist())\n")
+    result = subprocess.run([sys.executable, "-c", reach], capture_output=True, text=True, cwd=tmp_path,
+                            env={"PYTHONPATH": str(library), "PATH": "/usr/bin:/bin"})
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 4, result.stderr[-2000:]
+    for line, name in zip(lines, ("_round_bit_level", "_round_tensor", "_round_by_gaps")):
+        assert line.startswith(f"mpcourse.formats.{name} is withheld while your work is graded: it computes part of "
+                               "what mpcourse.formats.round_to"), line
+    assert lines[3] == "[1.0]"  # decode, not withheld, and its helpers work
+    kept = withheld.private_helpers(ast.parse("def _shared(): pass\ndef _mine(): pass\ndef f(): _mine(); _shared()\n"
+                                              "def g(): _shared()\nX = _top = 1\n"), {"f"}, elsewhere="")
+    assert kept == ["_mine"]
+    assert withheld.private_helpers(ast.parse("def _mine(): pass\ndef f(): _mine()\n"), {"f"}, elsewhere="_mine") == []
+
+
 @pytest.mark.skipif(runs.sandbox_problem() is not None, reason="no sandbox here")
 def test_a_students_hidden_test_sandbox_sees_only_the_copy_of_the_library(tmp_path):
     library = withheld.library_copy(WITHHELD, tmp_path / "library")
