@@ -23,6 +23,11 @@ NOTEBOOK_BYTES = 50 * 2**20      # the largest notebook read, submitted or run
 # took the grader's own process to 1.7 GB, red team 45d A07). The executed chapters hold under
 # 15,000; a million printed lines of output are a million.
 NOTEBOOK_VALUES = 2_000_000
+# Cells a notebook may hold: nbconvert renders the feedback page in the grader's own process, outside
+# every sandbox and limit, ~1.5 ms and ~20 KB a cell (50,000 empty Markdown cells, 3.5 MB, held the
+# rendering at 168 s instead of 40 s: red team 45g, A05). The released exercises hold under 150, the
+# book's largest notebook 238.
+NOTEBOOK_CELLS = 2_000
 # In JSON text: an escaped backslash, a surrogate pair, or a lone surrogate (the one to replace).
 SURROGATE_ESCAPE = re.compile(r"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|"
                               r"(?P<lone>\\u[dD][89a-fA-F][0-9a-fA-F]{2})")
@@ -196,6 +201,9 @@ def parse_notebook(data: bytes) -> dict:
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError("the file is not a Jupyter notebook (no list of cells)")
     nb["cells"] = [c for c in nb["cells"] if isinstance(c, dict)]
+    if len(nb["cells"]) > NOTEBOOK_CELLS:
+        raise ValueError(f"the notebook holds {len(nb['cells']):,} cells, more than the {NOTEBOOK_CELLS:,} a notebook "
+                         "of this course needs: delete the empty and unused cells and hand it in again")
     for number, cell in enumerate(nb["cells"], 1):
         problem = malformed(cell)
         if problem:

@@ -324,6 +324,25 @@ def test_malformed_submissions_are_refused_clearly_not_with_a_crash(tmp_path):
     assert len(notebooks.parse_notebook(json.dumps({**good, "cells": [printed]}).encode())["cells"][0]["outputs"][0]["text"]) == 1_000_000
 
 
+
+def test_a_notebook_of_more_cells_than_the_cap_is_refused_and_one_at_the_cap_is_read():
+    """Red team 45g, A05: 50,000 empty Markdown cells (3.5 MB, under every other cap) held the
+    feedback rendering, in the grader's own process, at 168 s instead of 40 s."""
+    empty = {"cell_type": "markdown", "metadata": {}, "source": ""}
+    at_cap = {"cells": [empty] * notebooks.NOTEBOOK_CELLS, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    assert len(notebooks.parse_notebook(json.dumps(at_cap).encode())["cells"]) == notebooks.NOTEBOOK_CELLS
+    over = {**at_cap, "cells": [empty] * (notebooks.NOTEBOOK_CELLS + 1)}
+    with pytest.raises(ValueError, match=f"holds {notebooks.NOTEBOOK_CELLS + 1:,} cells, more than the "
+                                         f"{notebooks.NOTEBOOK_CELLS:,}.*delete the empty"):
+        notebooks.parse_notebook(json.dumps(over).encode())
+    attack = {**at_cap, "cells": [empty] * 50_000}
+    with pytest.raises(ValueError, match="holds 50,000 cells"):
+        notebooks.parse_notebook(json.dumps(attack).encode())
+    # a wide margin over every notebook of the course, released or solved
+    largest = max(len(notebooks.read_notebook(p)["cells"]) for folder in ("exercises", "solutions")
+                  for p in (ROOT / folder).glob("*/*.ipynb"))
+    assert largest * 10 < notebooks.NOTEBOOK_CELLS, largest
+
 def test_the_template_course_holds_no_secret(tmp_path):
     directory = os.getcwd()
     template = runs.template_course(ROOT, ASSIGNMENTS[0], tmp_path)  # what each feedback sandbox gets
