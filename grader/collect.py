@@ -27,7 +27,8 @@ a notebook inside a folder the LMS did not write, a notebook whose own name clai
 a name outside the download or too long to write, a file over NOTEBOOK_BYTES: skipped, each named
 in the summary.
 
-Each student's latest notebook (highest submission id, then highest suffix) is collected as
+Each student's latest notebook (highest submission id; within one submission, one with work in it
+before one as handed out, then one named as the exercise, then the highest suffix) is collected as
 submitted/<student>/ASSIGNMENT/ASSIGNMENT.ipynb, whatever the student named it (the assignment is
 one notebook); the others are skipped with a note, so two files from one student do not stop the
 collection. Student ids: the name and the LMS's own number for the person, Canvas's user id
@@ -51,7 +52,7 @@ from nbgrader.plugins import FileNameCollectorPlugin
 
 from grader.course import BIN, ROOT
 from grader.gradebook import STUDENT_ID_CHARS
-from grader.notebooks import NOTEBOOK_BYTES
+from grader.notebooks import NOTEBOOK_BYTES, as_handed_out, handed_out_among, read_notebook, read_regular
 from grader.report import one_line, printable
 
 CANVAS = re.compile(r"^(?P<person>[\w.\-]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<submission>\d+)_(?P<name>.+)$",
@@ -134,36 +135,65 @@ def own_name(relative: Path, assignment: str) -> bool:
     return name == assignment or name.endswith("_" + assignment)
 
 
-def latest_uploads(folder: Path, parse, assignment: str | None = None) -> dict[str, tuple[Path, dict]]:
+def latest_uploads(folder: Path, parse, assignment: str | None = None,
+                   release: dict | None = None) -> dict[str, tuple[Path, dict]]:
     """{student: (their latest notebook's path relative to `folder`, what its name says)}: the
-    highest submission id; within one submission, a notebook named as the exercise (`assignment`,
-    by default the folder's: downloaded/<assignment>/extracted) before another (red team 45f, A11:
-    a leftover `..._old.ipynb` sorted after the finished notebook and was graded), then the highest
-    upload number, then the name that sorts last. Names refused by `parse` count for no one."""
+    highest submission id; within one submission, with the `release`, a notebook with work in it
+    before one as handed out (red team 45g, A08: Colab's `Copy of ...` beside the untouched download
+    under the exercise's name), then a notebook named as the exercise (`assignment`, by default the
+    folder's: downloaded/<assignment>/extracted) before another (red team 45f, A11: a leftover
+    `..._old.ipynb` sorted after the finished notebook and was graded), then the highest upload
+    number, then the name that sorts last. Names refused by `parse` count for no one. What the name
+    says gains "handed_out": whether the notebook chosen is as handed out beside others."""
     assignment = assignment or folder.parent.name
-    best = {}
+    uploads = {}
     for path in folder.rglob("*.ipynb"):
         relative = path.relative_to(folder)
         theirs = parse(relative)
         if theirs and "claims" not in theirs and "ambiguous" not in theirs:
-            order = (theirs["order"][0], own_name(relative, assignment), *theirs["order"][1:])
-            best[theirs["student_id"]] = max(best.get(theirs["student_id"], ()), (order, relative.as_posix(), theirs))
+            uploads.setdefault(theirs["student_id"], []).append((relative, theirs))
+    best = {}
+    for student, files in uploads.items():
+        latest = max(theirs["order"][0] for _, theirs in files)
+        files = [(relative, theirs) for relative, theirs in files if theirs["order"][0] == latest]
+        untouched = handed_out_among(folder, [r.as_posix() for r, _ in files], release)
+        best[student] = max(((theirs["order"][0], relative.as_posix() not in untouched, own_name(relative, assignment),
+                              *theirs["order"][1:]), relative.as_posix(),
+                             {**theirs, "handed_out": relative.as_posix() in untouched}) for relative, theirs in files)
     return {student: (Path(relative), info) for student, (_, relative, info) in best.items()}
+
+
+def handed_out(path: Path, release: dict | None) -> bool:
+    """Whether the notebook at `path` is the `release` as handed out."""
+    try:
+        return release is not None and as_handed_out(read_regular(path), release)
+    except (OSError, ValueError, RecursionError):
+        return False
+
+
+def release_of(course: Path, assignment: str) -> dict | None:
+    """The course's release of `assignment` (exercises/<assignment>/<assignment>.ipynb), or None."""
+    try:
+        return read_notebook(course / "exercises" / assignment / f"{assignment}.ipynb")
+    except (OSError, ValueError):
+        return None
 
 
 class LatestNotebookCollector(FileNameCollectorPlugin):
     """Collects each student's latest notebook under the assignment's own name; `parse` reads a
     file's path (relative to the extracted folder)."""
     parse = staticmethod(canvas)
-    index = None  # (the extracted folder, {student: their latest notebook}), made once per run
+    index = None  # (the extracted folder, {student: their latest notebook}, the release), made once per run
 
     def latest(self, extracted: Path) -> dict[str, tuple[str, dict]]:
         """{student: (the path of their latest notebook, what its name says)} over the whole download,
         read once (red team 45b, A10: read again for every file, 2,000 files in one submission held
         collection 504 s)."""
         if self.index is None or self.index[0] != extracted:
-            self.index = (extracted, {student: (str(extracted / relative), info)
-                                      for student, (relative, info) in latest_uploads(extracted, self.parse).items()})
+            course = extracted.parent.parent.parent  # course/downloaded/<assignment>/extracted
+            release = release_of(course, extracted.parent.name)
+            self.index = (extracted, {student: (str(extracted / relative), info) for student, (relative, info)
+                                      in latest_uploads(extracted, self.parse, release=release).items()}, release)
         return self.index[1]
 
     def collect(self, submitted_file: str) -> dict | None:
@@ -186,10 +216,14 @@ class LatestNotebookCollector(FileNameCollectorPlugin):
         if latest != str(path):
             if kept["order"][0] != info["order"][0]:
                 self.log.warning("%s: skipped %s, an earlier upload than %s", info["student_id"], path.name, Path(latest).name)
+            elif not kept["handed_out"] and handed_out(path, self.index[2]):
+                self.log.warning("%s: skipped %s, as handed out (no answer changed): the same submission holds %s, "
+                                 "with work in it, collected instead", info["student_id"], path.name, Path(latest).name)
             else:  # one submission, two notebooks: the LMS says nothing of which came last
-                self.log.warning("%s: skipped %s: the same submission holds %s, collected instead (a notebook named "
-                                 "as the exercise first, then the higher upload number, then the name that sorts "
-                                 "last): check it by hand", info["student_id"], path.name, Path(latest).name)
+                self.log.warning("%s: skipped %s: the same submission holds %s, collected instead (a notebook with "
+                                 "work in it first, then one named as the exercise, then the higher upload number, "
+                                 "then the name that sorts last): check it by hand", info["student_id"], path.name,
+                                 Path(latest).name)
             return None
         if info["student_id"] != info["lms_id"]:
             self.log.warning("LONG ID: %s is collected as %s: the gradebook holds ids of at most %d characters",
@@ -275,8 +309,8 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
     students = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
     print(one_line(f"{len(students)} submissions of {assignment} in {course / 'submitted'}: {', '.join(students)}"))
     parse = {"canvas": canvas, "moodle": moodle}[lms]
-    remember(course, assignment, lms, {student: upload for student, upload in latest_uploads(archive, parse).items()
-                                       if student in students})
+    chosen = latest_uploads(archive, parse, release=release_of(course, assignment))
+    remember(course, assignment, lms, {student: upload for student, upload in chosen.items() if student in students})
     uploaders = {info["student_id"] for name in skipped if (info := parse(Path(name))) and info["student_id"]}
     for student in sorted(uploaders - set(students)):  # e.g. a notebook handed in zipped
         print(one_line(f"  NOT COLLECTED {student}: uploaded files, none of them a notebook (see the skipped lines): "

@@ -172,20 +172,23 @@ def cut(text: str, budget: list[int]) -> str:
         f"{text[:keep]}\n\n(... {len(text) - keep:,} more characters, not shown in the feedback)")
 
 
-def files_cell(graded: str, others: list[str]) -> dict:
-    """The page's first cell: which file of the submission was graded, and which were not."""
+def files_cell(graded: str, others: list[str], handed_out: set[str] = frozenset()) -> dict:
+    """The page's first cell: which file of the submission was graded, and which were not (and
+    which of those are as handed out: no answer changed)."""
     text = f"This page grades the notebook {graded!r} of your submission."
     if others:
-        text += (f" Not graded: {', '.join(map(repr, others[:5]))}{' ...' if len(others) > 5 else ''}"
-                 " (one notebook per submission is graded).")
+        listed = ", ".join(repr(name) + (" (as handed out: no answer changed)" if name in handed_out else "")
+                           for name in others[:5])
+        text += f" Not graded: {listed}{' ...' if len(others) > 5 else ''} (one notebook per submission is graded)."
     return {"cell_type": "markdown", "metadata": {}, "source": inert_markdown(text[:2000])}
 
 
 def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict,
-                      files: tuple[str, list[str]] | None = None) -> dict:
+                      files: tuple | None = None) -> dict:
     """The notebook generate_feedback renders: inert, test cells as released plus the verdict of
     the hidden tests and what the visible tests printed or raised (`verdicts` hold safe messages);
-    `files`: (the graded file's name, the submission's other notebooks), said first."""
+    `files`: (the graded file's name, the submission's other notebooks[, those of them as handed
+    out]), said first."""
     released = {grade_id(c): c for c in release["cells"] if grade_id(c)}
     cells, budget, sources = ([files_cell(*files)] if files else []), [OUTPUT_CHARS], [SOURCE_TOTAL]
     ran = normalised(ran, release)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from grader.course import ENV, nbgrader, nbgrader_command
 from grader.feedback import feedback_notebook, safe_message
-from grader.notebooks import other_notebooks, submitted_name, write_private
+from grader.notebooks import submission_files, write_private
 
 STUDENT_ID_CHARS = 128  # nbgrader's student.id, varchar(128): PostgreSQL refuses more, SQLite would not
 
@@ -203,8 +203,7 @@ def record(gradebook, course, assignment, student, result, points, release, repo
             if path.is_symlink():
                 raise ValueError(f"{path} is a symbolic link: the grader writes no feedback through it")
         try:
-            graded = submitted_name(course, student, assignment)
-            files = (graded, other_notebooks(course, student, assignment, graded))
+            files = submission_files(course, student, assignment, release)
         except (OSError, ValueError):
             files = None
         write_private(folder / f"{assignment}.ipynb", json.dumps(feedback_notebook(ran, release, points, shown, files),

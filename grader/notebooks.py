@@ -2,7 +2,8 @@
 grader's own files written in the course. Never runs student code: a notebook is JSON, parsed and
 never executed, and a submission is read without following a symbolic link.
 
-    read_submission(course, student, assignment) -> notebook (a dict)   # refused, with the reason, if unsafe
+    read_submission(course, student, assignment, release) -> notebook (a dict)  # refused, with the reason, if unsafe
+    submission_files(course, student, assignment, release) -> (graded, others, those as handed out)
     read_notebook(path) -> notebook                                      # the instructor's or the grader's own
     recovered(submission, release) -> (notebook, cells whose nbgrader metadata came back)
     grade_id(cell), source_text(cell), part_of(grade id), without_magics(source)
@@ -22,6 +23,11 @@ NOTEBOOK_BYTES = 50 * 2**20      # the largest notebook read, submitted or run
 # took the grader's own process to 1.7 GB, red team 45d A07). The executed chapters hold under
 # 15,000; a million printed lines of output are a million.
 NOTEBOOK_VALUES = 2_000_000
+# Cells a notebook may hold: nbconvert renders the feedback page in the grader's own process, outside
+# every sandbox and limit, ~1.5 ms and ~20 KB a cell (50,000 empty Markdown cells, 3.5 MB, held the
+# rendering at 168 s instead of 40 s: red team 45g, A05). The released exercises hold under 150, the
+# book's largest notebook 238.
+NOTEBOOK_CELLS = 2_000
 # In JSON text: an escaped backslash, a surrogate pair, or a lone surrogate (the one to replace).
 SURROGATE_ESCAPE = re.compile(r"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|"
                               r"(?P<lone>\\u[dD][89a-fA-F][0-9a-fA-F]{2})")
@@ -195,6 +201,9 @@ def parse_notebook(data: bytes) -> dict:
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError("the file is not a Jupyter notebook (no list of cells)")
     nb["cells"] = [c for c in nb["cells"] if isinstance(c, dict)]
+    if len(nb["cells"]) > NOTEBOOK_CELLS:
+        raise ValueError(f"the notebook holds {len(nb['cells']):,} cells, more than the {NOTEBOOK_CELLS:,} a notebook "
+                         "of this course needs: delete the empty and unused cells and hand it in again")
     for number, cell in enumerate(nb["cells"], 1):
         problem = malformed(cell)
         if problem:
@@ -229,30 +238,77 @@ def read_notebook(path: Path) -> dict:
     return parse_notebook(path.read_bytes())
 
 
-def submitted_name(course: Path, student: str, assignment: str) -> str:
-    """The file of the submission that is graded: `<assignment>.ipynb` if there is one, else the
-    folder's single notebook whatever its name (Colab's "Save a copy" gives `Copy of
-    <assignment>.ipynb`; a download may add ` (1)`). Hidden files are not notebooks; two or more
-    notebooks, none with the assignment's name, or none at all, are refused with the reason."""
+def notebooks_in(folder: Path) -> list[str]:
+    """The names of the notebooks in a submission's folder (hidden files are not notebooks)."""
+    return sorted(entry.name for entry in folder.iterdir()
+                  if entry.name.endswith(".ipynb") and not entry.name.startswith("."))
+
+
+def as_handed_out(notebook: dict, release: dict) -> bool:
+    """Whether `notebook` is the release as handed out, as far as grading goes: it holds answer cells,
+    each as released, and no code cell the release does not hold (outputs aside: it may have been
+    run). A student who worked in a copy (Colab's "Save a copy" gives `Copy of <assignment>.ipynb`)
+    may hand in the download they started from beside it (red team 45g, A08: that one was graded, 0
+    of 10)."""
+    answers = {grade_id(c): source_text(c).strip() for c in release["cells"]
+               if grade_id(c) and (c.get("metadata", {}).get("nbgrader") or {}).get("solution")}
+    code = {source_text(c).strip() for c in release["cells"] if c.get("cell_type") == "code"} | {""}
+    cells = recovered(notebook, release)[0]["cells"]
+    if not answers.keys() & {grade_id(c) for c in cells}:
+        return False  # no answer cell to tell by
+    return all(source_text(c).strip() == answers[grade_id(c)] if grade_id(c) in answers
+               else c.get("cell_type") != "code" or source_text(c).strip() in code for c in cells)
+
+
+def handed_out_among(folder: Path, names: list[str], release: dict | None) -> set[str]:
+    """Those of the notebooks `names` in `folder` that are as handed out (`as_handed_out`); a
+    notebook that cannot be read as a regular file, or parsed, is not known to be."""
+    if release is None or len(names) < 2:
+        return set()
+    found = set()
+    for name in names:
+        try:
+            if as_handed_out(read_regular(folder / name), release):
+                found.add(name)
+        except (OSError, ValueError, RecursionError):
+            pass
+    return found
+
+
+def submission_files(course: Path, student: str, assignment: str,
+                     release: dict | None = None) -> tuple[str, list[str], set[str]]:
+    """(the file of the submission that is graded, its other notebooks, those of them as handed out).
+    Graded: among the notebooks with work in them (with the `release`, a notebook as handed out counts
+    only when every one is), `<assignment>.ipynb` if it is one, else the single one whatever its name
+    (Colab's "Save a copy" gives `Copy of <assignment>.ipynb`; a download may add ` (1)`). Two or
+    more, none with the assignment's name, or none at all, are refused with the reason."""
     folder = course / "submitted" / student / assignment
     expected = f"{assignment}.ipynb"
-    if os.path.lexists(folder / expected):
-        return expected
-    found = sorted(entry.name for entry in folder.iterdir()
-                   if entry.name.endswith(".ipynb") and not entry.name.startswith("."))
-    if len(found) == 1:
-        return found[0]
-    if not found:
+    found = notebooks_in(folder)
+    if os.path.lexists(folder / expected) and expected not in found:
+        found = sorted([*found, expected])
+    handed_out = handed_out_among(folder, found, release)
+    pool = [name for name in found if name not in handed_out] or found
+    if expected in pool:
+        graded = expected
+    elif len(pool) == 1:
+        graded = pool[0]
+    elif not found:
         raise ValueError(f"the submission holds no notebook (.ipynb file): hand in {expected}")
-    raise ValueError(f"the submission holds {len(found)} notebooks ({', '.join(found[:5])}) and none is "
-                     f"named {expected}: hand in one notebook")
+    else:
+        raise ValueError(f"the submission holds {len(pool)} notebooks ({', '.join(pool[:5])}) and none is "
+                         f"named {expected}: hand in one notebook")
+    return graded, [name for name in found if name != graded], handed_out
+
+
+def submitted_name(course: Path, student: str, assignment: str, release: dict | None = None) -> str:
+    """The file of the submission that is graded (`submission_files`)."""
+    return submission_files(course, student, assignment, release)[0]
 
 
 def other_notebooks(course: Path, student: str, assignment: str, graded: str) -> list[str]:
     """The submission's notebooks besides the graded one (not graded: one notebook per submission)."""
-    folder = course / "submitted" / student / assignment
-    return sorted(entry.name for entry in folder.iterdir()
-                  if entry.name.endswith(".ipynb") and not entry.name.startswith(".") and entry.name != graded)
+    return [name for name in notebooks_in(course / "submitted" / student / assignment) if name != graded]
 
 
 def renamed_note(name: str, assignment: str) -> str | None:
@@ -262,24 +318,40 @@ def renamed_note(name: str, assignment: str) -> str | None:
     return f"graded {name!r}, the submission's only notebook (not named {assignment}.ipynb)"
 
 
-def read_submission(course: Path, student: str, assignment: str) -> dict:
-    """The submitted notebook (`submitted_name`), read without following a symbolic link: refused
-    if it is one, or a folder on its way is one, or its folder holds one (a link would make the
-    grader read, and show in the feedback, whatever it points to)."""
+def files_note(graded: str, others: list[str], handed_out: set[str], assignment: str) -> str | None:
+    """What the report says of the files of a submission: the graded one if it is not named
+    `<assignment>.ipynb`, the others, and why the graded one won where one of them is as handed out."""
+    if not others:
+        return renamed_note(graded, assignment)
+    listed = ", ".join(repr(name) + (" (as handed out: no answer changed)" if name in handed_out else "")
+                       for name in others[:5]) + (" ..." if len(others) > 5 else "")
+    why = (", the notebook with work in it" if graded != f"{assignment}.ipynb" and handed_out & set(others) else "")
+    return f"graded {graded!r}{why}; not graded: {listed}"
+
+
+def read_submission(course: Path, student: str, assignment: str, release: dict | None = None) -> dict:
+    """The submitted notebook (`submitted_name`, with the `release` if given), read without
+    following a symbolic link: refused if it is one, or a folder on its way is one, or its folder
+    holds one (a link would make the grader read, and show in the feedback, whatever it points to)."""
     folder = course / "submitted"
     for name in (student, assignment):
         folder = folder / name
         if folder.is_symlink():
             raise ValueError(f"submitted/{folder.relative_to(course / 'submitted')} is a symbolic link, "
                              "not a folder: hand in the notebook itself")
-    notebook = folder / submitted_name(course, student, assignment)
-    if notebook.is_symlink():
-        raise ValueError("the submitted notebook is a symbolic link: hand in the notebook itself")
     for where, folders, files in os.walk(folder):
         for name in folders + files:
             if os.path.islink(os.path.join(where, name)):
                 raise ValueError(f"the submission contains a symbolic link ({name}): "
                                  "hand in the notebook itself, no links")
+    notebook = folder / submitted_name(course, student, assignment, release)
+    if notebook.is_symlink():
+        raise ValueError("the submitted notebook is a symbolic link: hand in the notebook itself")
+    return read_regular(notebook)
+
+
+def read_regular(notebook: Path) -> dict:
+    """A notebook read from a regular file, never through a symbolic link (nor from a pipe)."""
     try:
         fd = os.open(notebook, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as error:

@@ -3,13 +3,18 @@
     review_flags(notebook) -> {part: [why to read that answer]}
 
 An answer cell is flagged when it touches the runner, the system or the libraries: call frames,
-the garbage collector, /proc, processes and sessions, links, databases, code objects, `exec`,
-`ctypes`, signals, assignments to attributes of torch, numpy and the like. Never runs student
+the garbage collector, /proc, processes and sessions, links, databases, code objects, closures,
+profilers, TorchScript, imports by a name built at run time, `exec`, `ctypes`, signals,
+assignments to attributes of torch, numpy and the like; and when it imports a module that is not
+installed where grading runs (red team 45g, A07: pandas, which Colab has). Never runs student
 code: answers are only parsed. A flag is a reason to read the answer, not a verdict: honest
 answers are not flagged (the tests check every exercise's solutions), and an answer that hides its
 tricks well may not be.
 """
 import ast
+import functools
+import importlib.util
+import sys
 import threading
 
 from grader.notebooks import example, grade_id, source_text, student_code, without_magics
@@ -53,7 +58,18 @@ SUSPECT_CALLS = {
     # knows the library by its files (red team 45 A05)
     "import_module": "imports modules by name", "spec_from_file_location": "imports a module from a file",
     "module_from_spec": "imports a module from a file", "reload": "reloads modules",
+    "resolve_name": "imports modules by name",  # pkgutil's (red team 45g, A02b)
 }
+# Calls that import a module named by their first argument: a name built at run time hides which
+# (red team 45g, A02b: `pkgutil.resolve_name("mpcourse" + ".formats:...")`).
+IMPORTS_BY_NAME = {"import_module", "resolve_name", "__import__", "find_spec"}
+# What runs unseen by the own-work watcher (a Python profiler) and the checks of forbidden calls:
+# TorchScript runs in torch's C++ interpreter (red team 45g, A01b, A01c: `torch.softmax` and a
+# forbidden fused kernel called from a `torch.jit.CompilationUnit`, 10 of 10, unflagged).
+UNWATCHED = "runs unseen by the checks of forbidden calls and of own work"
+# What reads or replaces the watcher itself: its profiler, and the list of calls it keeps in its
+# closure (red team 45g, A02b: `sys.getprofile().__closure__[i].cell_contents.clear()`).
+WATCHER = "the own-work check"
 SUSPECT_NAMES = {
     "f_back": "reads the call stack", "f_locals": "reads the call stack", "f_globals": "reads the call stack",
     "tb_frame": "reads the call stack", "gi_frame": "reads the call stack",
@@ -65,7 +81,12 @@ SUSPECT_NAMES = {
                     "starts threads (one started before the tests runs unwatched by the checks of "
                     "forbidden calls and of own work)"),
     "__module__": "finds modules through objects", "__file__": "reads where a module's file is",
-    "importlib": "imports modules by name",
+    "importlib": "imports modules by name", "pkgutil": "imports modules by name",
+    **dict.fromkeys(("jit", "CompilationUnit"), f"compiles TorchScript, which {UNWATCHED}"),
+    "_C": f"calls torch's C internals, which {UNWATCHED}",
+    **dict.fromkeys(("__closure__", "cell_contents"), f"reads functions' closures (where {WATCHER} keeps its record)"),
+    **dict.fromkeys(("getprofile", "gettrace", "setprofile", "settrace", "setprofile_all_threads",
+                     "settrace_all_threads"), f"reads or switches profilers ({WATCHER} is one)"),
     "__builtins__": "changes built-ins", "builtins": "changes built-ins", "__class__": "changes an object's class",
     "__subclasses__": "walks the class tree", "__dict__": "reaches into objects' dictionaries",
     "mpcourse": ("uses the course library, whose reference implementations the own-work check watches "
@@ -84,6 +105,36 @@ def library_of(node) -> str | None:
     while isinstance(node, (ast.Attribute, ast.Subscript)):
         node = node.value
     return node.id if isinstance(node, ast.Name) and node.id in LIBRARIES else None
+
+
+@functools.lru_cache(maxsize=4096)
+def installed(module: str) -> bool:
+    """Whether a top-level module can be imported here, where grading runs (found, never imported)."""
+    if module in sys.builtin_module_names or module in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return True  # not known to be missing
+
+
+def imported(node) -> list[str]:
+    """The dotted names an import statement names: its modules, and for `from M import a, b`, M.a, M.b."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        return [f"{node.module}.{alias.name}" for alias in node.names]
+    return []
+
+
+def module_flags(name: str) -> set[str]:
+    """Why to read an answer that imports the module `name` (dotted, or `pkg.mod:attr`)."""
+    parts = name.replace(":", ".").split(".")
+    found = {SUSPECT_NAMES[part] for part in parts if SUSPECT_NAMES.get(part)}
+    if parts[0] and not installed(parts[0]):
+        found.add(f"imports {parts[0]}, which is not installed where grading runs (the part fails with "
+                  "ModuleNotFoundError)")
+    return found
 
 
 def review_flags(submission: dict, source: dict | None = None) -> dict[str, list[str]]:
@@ -116,12 +167,15 @@ def review_flags(submission: dict, source: dict | None = None) -> dict[str, list
                     found.add(SUSPECT_CALLS[called])
                 if called in ("setattr", "delattr") and node.args and library_of(node.args[0]):
                     found.add(f"assigns to an attribute of {library_of(node.args[0])}")
-            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else (
-                node.names[0].name if isinstance(node, (ast.Import, ast.ImportFrom)) and node.names else None)
-            if isinstance(node, ast.ImportFrom) and node.module:
-                name = node.module
-            if name and SUSPECT_NAMES.get(name.split(".")[0]):
-                found.add(SUSPECT_NAMES[name.split(".")[0]])
+                if called in IMPORTS_BY_NAME and node.args:
+                    first = node.args[0]
+                    named = isinstance(first, ast.Constant) and isinstance(first.value, str)
+                    found |= module_flags(first.value) if named else {"imports a module whose name is built at run time"}
+            for module in imported(node):
+                found |= module_flags(module)
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            if name and SUSPECT_NAMES.get(name):
+                found.add(SUSPECT_NAMES[name])
             targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
                        if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
             targets += node.targets if isinstance(node, ast.Delete) else []

@@ -41,8 +41,8 @@ from grader import sandbox as sandboxing
 from grader.feedback import hidden_test_lines, seeds_of
 from grader.gradebook import (db_url, graded_students, instructor_secret, record, register, registered, submitters,
                               without_password)
-from grader.notebooks import (grade_id, normalised, other_notebooks, part_of, read_notebook, read_submission,
-                              recovered, renamed_note, student_code, submitted_name)
+from grader.notebooks import (files_note, grade_id, normalised, part_of, read_notebook, read_submission, recovered,
+                              student_code, submission_files)
 from grader.review_flags import ANSWER_CHARS, review_flags
 from grader.withheld import declared, library_copy
 from grader.runs import (BrokenEnvironment, NoSandbox, environment_problem, hidden_test_job,  # noqa: F401
@@ -234,11 +234,8 @@ def grade_student(course, assignment, student, template, source, release, secret
     `reference`: the reference's record on this student's secret (reference_records), or None: the
     reference then runs here, for this student alone."""
     try:
-        submission = read_submission(course, student, assignment)
-        graded = submitted_name(course, student, assignment)
-        others = other_notebooks(course, student, assignment, graded)
-        renamed = "; ".join(filter(None, [renamed_note(graded, assignment), others and (
-            f"graded {graded!r}; not graded: {', '.join(map(repr, others[:5]))}" + (" ..." if len(others) > 5 else ""))]))
+        submission = read_submission(course, student, assignment, release)
+        renamed = files_note(*submission_files(course, student, assignment, release), assignment)
     except (OSError, ValueError) as error:
         return None, None, f"the submission could not be read: {error}", None, None
     submission, restored = recovered(submission, release)

@@ -10,6 +10,7 @@ two workers; the sandbox's own rules are tested here.
 """
 from html.parser import HTMLParser
 import html
+import importlib.util
 import json
 import os
 import re
@@ -324,6 +325,25 @@ def test_malformed_submissions_are_refused_clearly_not_with_a_crash(tmp_path):
     assert len(notebooks.parse_notebook(json.dumps({**good, "cells": [printed]}).encode())["cells"][0]["outputs"][0]["text"]) == 1_000_000
 
 
+
+def test_a_notebook_of_more_cells_than_the_cap_is_refused_and_one_at_the_cap_is_read():
+    """Red team 45g, A05: 50,000 empty Markdown cells (3.5 MB, under every other cap) held the
+    feedback rendering, in the grader's own process, at 168 s instead of 40 s."""
+    empty = {"cell_type": "markdown", "metadata": {}, "source": ""}
+    at_cap = {"cells": [empty] * notebooks.NOTEBOOK_CELLS, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    assert len(notebooks.parse_notebook(json.dumps(at_cap).encode())["cells"]) == notebooks.NOTEBOOK_CELLS
+    over = {**at_cap, "cells": [empty] * (notebooks.NOTEBOOK_CELLS + 1)}
+    with pytest.raises(ValueError, match=f"holds {notebooks.NOTEBOOK_CELLS + 1:,} cells, more than the "
+                                         f"{notebooks.NOTEBOOK_CELLS:,}.*delete the empty"):
+        notebooks.parse_notebook(json.dumps(over).encode())
+    attack = {**at_cap, "cells": [empty] * 50_000}
+    with pytest.raises(ValueError, match="holds 50,000 cells"):
+        notebooks.parse_notebook(json.dumps(attack).encode())
+    # a wide margin over every notebook of the course, released or solved
+    largest = max(len(notebooks.read_notebook(p)["cells"]) for folder in ("exercises", "solutions")
+                  for p in (ROOT / folder).glob("*/*.ipynb"))
+    assert largest * 10 < notebooks.NOTEBOOK_CELLS, largest
+
 def test_the_template_course_holds_no_secret(tmp_path):
     directory = os.getcwd()
     template = runs.template_course(ROOT, ASSIGNMENTS[0], tmp_path)  # what each feedback sandbox gets
@@ -586,6 +606,46 @@ def test_honest_solutions_are_not_flagged_and_runner_tricks_are(assignment):
     assert runs.defined_names(fields) == set()
     assert runs.defined_names("_ = f'{a}{b}'\ndef naive_softmax(x):\n    return x\n") == {"_", "naive_softmax"}
 
+
+def test_the_red_team_45g_evasions_and_missing_packages_are_flagged():
+    """Red team 45g: TorchScript (A01b, A01c), the watcher's closure and profiler, and a module name
+    built at run time (A02b) got full marks unflagged; an import of a package the grading
+    environment lacks (A07: pandas, which Colab has) cost a part with no word to the instructor."""
+    def flags_of(code):
+        return review_flags.review_flags({"cells": [{"cell_type": "code", "source": code,
+                                                     "metadata": {"nbgrader": {"grade_id": "p1_solution"}}}]}).get("p1", [])
+    torchscript = "compiles TorchScript, which runs unseen by the checks of forbidden calls and of own work"
+    for code in ('_s = torch.jit.CompilationUnit("""def f(x: Tensor) -> Tensor:\n    return torch.softmax(x, 0)\n""")\n',
+                 "from torch.jit import script\nf = script(g)\n", "f = torch.jit.trace(g, x)\n",
+                 "from torch import jit\n", "import torch.jit as j\n"):
+        assert torchscript in flags_of(code), code
+    assert "calls torch's C internals, which runs unseen" in " ".join(flags_of("y = torch._C._nn.softmax(x)\n"))
+    closure = "reads functions' closures (where the own-work check keeps its record)"
+    profiler = "reads or switches profilers (the own-work check is one)"
+    assert closure in flags_of("for c in f.__closure__:\n    c.cell_contents.clear()\n")
+    assert closure in flags_of("x = getattr(c, 'cell_contents')\nc.cell_contents\n")
+    for code in ("hook = sys.getprofile()\n", "from sys import getprofile\n", "import threading as t\nt.setprofile(None)\n",
+                 "g = sys.gettrace\n"):
+        assert profiler in flags_of(code), code
+    built = "imports a module whose name is built at run time"
+    for code in ('import pkgutil\nf = pkgutil.resolve_name("mp" + "course.formats:round_to")\n',
+                 'f = importlib.import_module(name)\n', 'm = __import__(f"{a}course")\n'):
+        assert built in flags_of(code), code
+    assert "imports modules by name" in flags_of("from pkgutil import resolve_name\n")
+    assert built not in flags_of('f = pkgutil.resolve_name("mpcourse.formats:round_to")\n')
+    assert any(why.startswith("uses the course library") for why in flags_of('f = pkgutil.resolve_name("mpcourse.formats:round_to")\n'))
+    # A07: a package the grading environment cannot import, however it is imported
+    missing = "pandas" if importlib.util.find_spec("pandas") is None else "no_such_package_45g"
+    why = f"imports {missing}, which is not installed where grading runs (the part fails with ModuleNotFoundError)"
+    for code in ("import pandas as pd\n", "import numpy, pandas\n", "from pandas import Series\n",
+                 "def f(s):\n    import pandas\n    return pandas.Series(s).median()\n", 'pd = __import__("pandas")\n'):
+        assert why in flags_of(code.replace("pandas", missing)), code
+    assert flags_of("import torch, numpy as np, math, statistics\nimport matplotlib.pyplot as plt\n"
+                    "from mpcourse.formats import get_format\n") == [
+        "uses the course library, whose reference implementations the own-work check watches for "
+        "(an observation the answer's process could forge)"]
+    assert flags_of("from . import x\n") == []  # no module to find
+    assert review_flags.installed("torch") and review_flags.installed("sys") and not review_flags.installed(missing)
 
 def test_without_cgroups_students_are_graded_one_at_a_time(monkeypatch, tmp_path):
     """Where no sandbox can get its own CPU share, none gets a neighbour to starve."""

@@ -57,3 +57,16 @@ def test_the_students_page_says_how_to_hand_in_and_that_the_name_does_not_matter
 
 def test_the_students_page_says_the_hidden_tests_try_more_bad_inputs():
     assert "bad inputs" in PAGE and "grading.summary()" in PAGE
+
+
+def test_the_students_page_says_what_an_answer_may_import_where_it_is_graded():
+    """Red team 45g, A07: a Colab student's `pd.Series(s).median()` cost a part (no pandas where
+    grading runs); the page said nothing of what may be imported."""
+    import importlib.util
+    said = PAGE.split("**What your answers may import.**", 1)[1].split("\n\n", 1)[0]
+    for name in ("torch", "NumPy", "Matplotlib", "standard library", "`mpcourse`", "pandas", "ModuleNotFoundError"):
+        assert name in said, name
+    for module in ("torch", "numpy", "matplotlib", "statistics", "mpcourse"):
+        assert importlib.util.find_spec(module) is not None, module
+    assert not re.search(r"^pandas\b", (ROOT / "requirements.txt").read_text(), re.M)
+    assert "as handed out" in section("Handing in an exercise")  # red team 45g, A08
