@@ -292,6 +292,18 @@ def test_every_part_excused_from_float32_asks_for_float64_in_its_task():
     assert ("ex4_softmax_stability", "p4") in FLOAT32_PARTS and ("ex2_loss_scaling", "p1") in FLOAT32_PARTS
 
 
+def test_ex4_part3_fp64_logits_computed_in_fp32_fail_the_visible_tests_as_they_fail_the_hidden_ones():
+    """Issue 48, the third new-student walkthrough: FP64 input computed in FP32 (the task asks for FP64)
+    passed the visible tests, which had no FP64 input, and scored 0/3."""
+    solution = fabricate.solution_cells("ex4_softmax_stability")["p3_solution"]
+    fp32_only = in_float32(solution)
+    assert fp32_only != solution and "torch.float64" not in fp32_only
+    for visible in (True, False):
+        verdicts, _ = run("ex4_softmax_stability", {"p3_solution": fp32_only}, visible=visible, only="p3")
+        assert not verdicts["p3_tests"]["passed"], (visible, verdicts)
+        assert "FP64 logits" in verdicts["p3_tests"]["message"], (visible, verdicts)
+
+
 @pytest.mark.parametrize("assignment, part", FLOAT32_PARTS)
 def test_a_float32_version_of_the_solution_keeps_its_points(assignment, part):
     """Issue 48, item 3: every part whose task leaves the dtype free, handed in computed in float32."""

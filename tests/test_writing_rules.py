@@ -180,6 +180,43 @@ def test_every_ledger_link_in_the_book_names_a_row():
         assert found <= rows, f"{path.name} links to ledger rows that do not exist: {sorted(found - rows)}"
 
 
+# The exercises (solutions/, from which exercises/ is generated) follow the rule too, and their own
+# words for a commissioned text besides (issue 48, the third new-student walkthrough: "the source
+# chapter of this course", "the source exercise's question", "a popular picture"). A ledger link goes
+# from exercises/<name>/ to the book: ../../book/claims_ledger.ipynb#claim-<key>.
+EXERCISES = sorted((ROOT / "solutions").glob("*/*.ipynb"))
+EXERCISE_SOURCES = re.compile(r"\b(the source|source (?:chapter|exercise)|a popular)\b", re.I)
+EXERCISE_LEDGER = re.compile(r"\]\(([^)#]*claims_ledger[^)#]*)#")
+
+
+def exercise_sources(page_cells: list[dict]) -> list[str]:
+    found = unnamed_sources(page_cells)
+    for k, cell in enumerate(page_cells):
+        for match in EXERCISE_SOURCES.finditer(text(cell)):
+            found.append(f"cell {k}: ...{text(cell)[max(0, match.start() - 60):match.end() + 30]!r}")
+    return found
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=lambda path: path.parent.name)
+def test_an_exercise_quotes_no_source_and_links_each_wrong_claim_to_its_ledger_row(path):
+    page_cells = json.loads(path.read_text())["cells"]
+    assert not exercise_sources(page_cells), (f"{path.name} points at a text its reader cannot find; state "
+                                              f"what is true, and link the claim's ledger row:\n"
+                                              + "\n".join(exercise_sources(page_cells)))
+    missing = ledger_links(page_cells) - {f"claim-{key}" for key in ledger_keys()}
+    assert not missing, f"{path.name} links to ledger rows that do not exist: {sorted(missing)}"
+    paths = {m.group(1) for cell in page_cells for m in EXERCISE_LEDGER.finditer(text(cell))}
+    assert paths <= {"../../book/claims_ledger.ipynb"}, f"{path.name}: links the ledger as {sorted(paths)}"
+
+
+def test_the_rules_find_an_exercises_unnamed_source():
+    assert len(EXERCISES) == 8
+    assert exercise_sources([markdown("The source chapter of this course sums it up.")])
+    assert exercise_sources([markdown("This answers the source exercise's question.")])
+    assert exercise_sources([markdown("A popular picture says an FP16 matmul adds up in FP16.")])
+    assert not exercise_sources([markdown("Split the error into its sources.")])
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_a_cpu_build_shows_one_line_where_a_gpu_result_is_missing(page):
     assert not gpu_lead_ins(cells(page)), f"{page}: {gpu_lead_ins(cells(page))}"
