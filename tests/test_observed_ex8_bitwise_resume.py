@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from grader import fabricate, judge, notebooks, runs
-from tests import test_student_answers
+from tests import hidden_runs, test_student_answers
 from tests.test_student_answers import ROOT, SECRET, THREADS, unchecked
 
 ASSIGNMENT = "ex8_bitwise_resume"
@@ -18,9 +18,8 @@ ASSIGNMENT = "ex8_bitwise_resume"
 def record(job: dict, folder) -> dict:
     """grader/hidden_tests.py's record of `job`, run without a sandbox in `folder` (a try-out line
     may write a file there)."""
-    result = subprocess.run([sys.executable, str(ROOT / "grader" / "hidden_tests.py"), "-"], input=json.dumps(job),
-                            capture_output=True, text=True, cwd=folder,
-                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **THREADS})
+    result = hidden_runs.run(ROOT / "grader" / "hidden_tests.py", job, cwd=folder,
+                             env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", **THREADS})
     records, problem = runs.read_records(result.stdout.encode(), job)
     assert problem is None and result.returncode == 0, (problem, result.stderr[-2000:])
     return records

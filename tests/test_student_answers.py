@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from grader import fabricate, feedback, judge, no_threads, notebooks, review_flags, runs, withheld
+from tests import hidden_runs
 from grader.course import assignments
 from mpcourse import grading
 from tests.shared import once_per_run, run_folder
@@ -94,9 +95,8 @@ THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS
 def runner(job: dict, library: Path | None = None) -> dict:
     """grader/hidden_tests.py's record of `job`, run here without a sandbox, importing the course
     library from `library` (a copy made by grader/withheld.py) or, by default, the course's."""
-    result = subprocess.run([sys.executable, str(ROOT / "grader" / "hidden_tests.py"), "-"], input=json.dumps(job),
-                            capture_output=True, text=True, cwd=tempfile.gettempdir(),
-                            env={"PYTHONPATH": str(library or ROOT), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", **THREADS})
+    result = hidden_runs.run(ROOT / "grader" / "hidden_tests.py", job, cwd=tempfile.gettempdir(),
+                             env={"PYTHONPATH": str(library or ROOT), "PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", **THREADS})
     records, problem = runs.read_records(result.stdout.encode(), job)
     assert problem is None and result.returncode == 0, (problem, result.stderr[-2000:])
     return records
