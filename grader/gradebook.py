@@ -25,7 +25,7 @@ from pathlib import Path
 
 from grader.course import ENV, nbgrader, nbgrader_command
 from grader.feedback import feedback_notebook, safe_message
-from grader.notebooks import submission_files, write_private
+from grader.notebooks import grade_id, submission_files, write_private
 
 STUDENT_ID_CHARS = 128  # nbgrader's student.id, varchar(128): PostgreSQL refuses more, SQLite would not
 
@@ -188,6 +188,11 @@ def record(gradebook, course, assignment, student, result, points, release, repo
         report.flags[student] = flags
     if problem:
         report.not_graded[student] = problem
+    failed_in_run = visible_failures(ran, verdicts, points) if ran is not None else []
+    if failed_in_run:  # graded full all the same: the instructor should know (issue 48, third walkthrough)
+        note = "; ".join(filter(None, [note, f"its notebook as run fails the visible tests of {', '.join(failed_in_run)} "
+                                             "(a cell above stopped with an error), graded full all the same: grading "
+                                             "runs the lines after one that raises"]))
     if note:
         report.notes[student] = note
     scores = {t: (p if verdicts.get(t, {}).get("passed") is True else 0.0) for t, p in points.items()}
@@ -208,6 +213,19 @@ def record(gradebook, course, assignment, student, result, points, release, repo
             files = None
         write_private(folder / f"{assignment}.ipynb", json.dumps(feedback_notebook(ran, release, points, shown, files),
                                                                  indent=1))
+
+
+def visible_failures(ran: dict, verdicts: dict, points: dict) -> list[str]:
+    """The test cells that stopped with an error in the feedback run (`ran`, data from the sandbox)
+    although their part passed when graded."""
+    failed = []
+    for cell in ran.get("cells", []) if isinstance(ran, dict) else []:
+        gid = grade_id(cell) if isinstance(cell, dict) else None
+        outputs = cell.get("outputs") if gid in points else None
+        if (isinstance(outputs, list) and verdicts.get(gid, {}).get("passed") is True
+                and any(isinstance(o, dict) and o.get("output_type") == "error" for o in outputs)):
+            failed.append(str(gid))
+    return failed
 
 
 def write_grades(gradebook, assignment: str, student: str, scores: dict) -> None:

@@ -186,6 +186,22 @@ def test_the_verdict_says_plainly_which_tests_passed_and_is_not_one_long_line():
     assert max(map(len, note.splitlines())) <= 90
 
 
+def test_the_report_notes_a_notebook_whose_visible_tests_failed_in_the_run_but_graded_full():
+    """Issue 48, third walkthrough: a hand-in whose Run All stops at a try-out line, so that two
+    visible test cells fail in the notebook, got 10/10 (grading runs the lines after a raising one)
+    and the report said nothing: the instructor should know the notebook does not run to the end."""
+    def test_cell(gid, outputs):
+        return {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": gid, "grade": True}}, "outputs": outputs}
+    error = {"output_type": "error", "ename": "NameError", "evalue": "name '_differ' is not defined", "traceback": []}
+    tick = {"output_type": "stream", "name": "stdout", "text": "ok"}
+    ran = {"cells": [test_cell("p1_tests", [tick]), test_cell("p3_tests", [error]), test_cell("p4_tests", [error]),
+                     {"cell_type": "code", "metadata": {}, "outputs": [error]}]}
+    verdicts = {"p1_tests": {"passed": True}, "p3_tests": {"passed": True}, "p4_tests": {"passed": False}}
+    points = {"p1_tests": 2.0, "p3_tests": 3.0, "p4_tests": 2.0}
+    assert gradebook.visible_failures(ran, verdicts, points) == ["p3_tests"]  # p4 failed: its message says so
+    assert gradebook.visible_failures({"cells": "not a list"}, verdicts, points) == []
+
+
 def test_a_markdown_output_is_kept_as_its_text_never_rendered():
     """Issue 48, third walkthrough: the exercises' result tables (`display(Markdown(...))`) showed
     as "<IPython.core.display.Markdown object>" in the feedback."""
