@@ -206,12 +206,16 @@ def committed(stem: str, root=None) -> list[Recorded]:
     return sorted(found, key=lambda r: (_version_key(r.torch), r.slug))
 
 
-def beside(stem: str, name: str, root=None, *, measures: str):
+def beside(stem: str, name: str, root=None, *, measures: str, shorten=None):
     """The committed GPU results ``name`` of notebook ``stem`` as Markdown to show beside a
     chapter's live CPU result: one labelled table or number per GPU, or, while none is committed
     (or none recorded ``name``), the one line :data:`NOT_YET`, which says what a GPU run of the
     cell ``measures`` (a phrase: "the peak memory and time of one AMP training step") and links
-    to the appendix *GPU reports*. A CPU build never shows an empty table."""
+    to the appendix *GPU reports*. A CPU build never shows an empty table.
+
+    ``shorten``: a function applied to the text of each cell of a recorded table before it is
+    shown (for example :func:`mpcourse.bench.kernels.short_kernel_names`); the record keeps the
+    full text."""
     from mpcourse.display import Markdown, markdown_table
     if not isinstance(measures, str) or not measures.strip() or measures.rstrip().endswith("."):
         raise ValueError("beside() needs measures=, a phrase saying what a GPU run of the cell "
@@ -224,7 +228,8 @@ def beside(stem: str, name: str, root=None, *, measures: str):
         value, note = run.get(name), run.results[name].get("note", "")
         suffix = f" ({note})" if note else ""
         if run.results[name]["kind"] == "table":
-            parts.append(f"On {run.label}{suffix}:\n\n{markdown_table(value[1], value[0]).data}")
+            rows = value[1] if shorten is None else [[shorten(str(cell)) for cell in row] for row in value[1]]
+            parts.append(f"On {run.label}{suffix}:\n\n{markdown_table(rows, value[0]).data}")
         else:
             parts.append(f"On {run.label}: **{value}**{suffix}.")
     return Markdown("\n\n".join(parts))

@@ -316,6 +316,9 @@ def test_beside_shows_each_gpu_labelled_or_one_line_on_what_a_gpu_run_measures(t
     assert table.startswith(f"On {run.label} (CUDA autocast):") and "| matmul | torch.float16 |" in table
     assert beside("05_bf16_and_tf32", "speedup", root=tmp_path, measures="x").data == f"On {run.label}: **2.5**."
     assert beside("05_bf16_and_tf32", "absent", root=tmp_path, measures=what).data == NOT_YET.format(measures=what)
+    shortened = beside("05_bf16_and_tf32", "autocast", root=tmp_path, measures=what, shorten=str.upper).data
+    assert "| MATMUL | TORCH.FLOAT16 |" in shortened and shortened.startswith(f"On {run.label} (CUDA autocast):")
+    assert committed("05_bf16_and_tf32", root=tmp_path)[0].get("autocast")[1] == [["matmul", "torch.float16"]]  # kept whole
 
 
 @pytest.mark.parametrize("measures", ["", "  ", None, "the peak memory."])
