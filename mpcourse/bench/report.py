@@ -129,7 +129,7 @@ def plot_precisions(results, ax=None):
                         va="bottom", fontsize=7)
     ax.set_xticks(x, [PRECISION_LABELS[r.precision] for r in rows])
     ax.set_ylabel("median time (ms)")
-    ax.set_title("Transformer block: time per precision (label: forward + backward speed-up "
+    ax.set_title("Transformer block: time per precision\n(label: forward + backward speed-up "
                  "vs FP32, no optimizer step)", fontsize=9)
     ax.legend(fontsize=7)
     return ax
