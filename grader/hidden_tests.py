@@ -36,7 +36,7 @@ the right values on the secret inputs to match the reference's.
 Prints one line per part, RECORD<tab>[0, "p1_tests"]<tab>{"observations": [...], "stopped": null} (a
 batch: the secret's number in place of 0), then RESULT <the number of secrets run>, and exits 0. A
 part's record is its own line so that the grader checks each record's size before it parses it,
-and a record too large to read (mpcourse.grading.record_problem) costs that part only: its record
+and a record too large to read (mpcourse.records.record_problem) costs that part only: its record
 then says why, and carries "refused" (a review flag).
 """
 import __future__

@@ -44,7 +44,7 @@ from grader.notebooks import (example, grade_id, json_data, parse_notebook, part
 from grader.review_flags import PARSING, not_parsed  # one lock: ast.parse is not thread-safe in 3.11
 from grader.student_copy import CHECKS_WITH_EXPECTED, student_copy, without_expected  # noqa: F401
 from grader.withheld import declared
-from mpcourse.grading import record_problem
+from mpcourse.records import record_problem
 
 HIDDEN_TESTS = Path(__file__).resolve().parent / "hidden_tests.py"  # copied, alone, into its sandbox
 
@@ -381,7 +381,7 @@ def run_hidden_tests(folder: Path, job: dict, sandbox: bool, timeout: int,
 def read_records(output: bytes, job: dict) -> tuple[dict | list | None, str | None]:
     """(the records grader/hidden_tests.py wrote for `job`, None), or (None, "sent back a damaged
     record"): {test_id: record} (a batch: one such per secret run, in their order). Each part's record
-    is a line of its own, and its size is checked before it is parsed (mpcourse.grading.record_problem):
+    is a line of its own, and its size is checked before it is parsed (mpcourse.records.record_problem):
     one too large to read costs that part only (red team 45c, A06b), as the sandbox's runner also does,
     and the grader's own memory stays bounded whatever the sandbox sent."""
     lines = output.split(b"\n")  # copies the output once; each line is then read alone

@@ -34,6 +34,7 @@ for line in sys.stdin:
     request = json.loads(line)
     pid = os.fork()
     if pid == 0:
+        code = 1  # what the child exits with if setting it up fails
         try:
             for fd, name, mode in ((0, "stdin", os.O_RDONLY), (1, "stdout", os.O_WRONLY), (2, "stderr", os.O_WRONLY)):
                 os.dup2(os.open(request[name], mode), fd)
@@ -60,7 +61,7 @@ for line in sys.stdin:
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
-            os._exit(locals().get("code", 1))
+            os._exit(code)
     _, status = os.waitpid(pid, 0)
     print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
 """
