@@ -170,10 +170,13 @@ def main(argv: list[str] | None = None) -> None:
         folder = args.course.resolve()
         to = (args.to or folder / "grades.csv").resolve()
         try:
-            gradebook.export(folder, to, args.db_url)
+            never = gradebook.export(folder, to, args.db_url)
         except RuntimeError as error:
             sys.exit(f"python -m grader export: {error}")
         print(f"grades of every assignment and student in {to}")
+        if never:
+            print(f"  {len(never)} rows left without a score: assignments never handed in, "
+                  f"e.g. {never[0][0]} of {never[0][1]}")
     else:
         from grader import rehearsal
         rehearsal.demo(args.out or course.ROOT / "grade-demo")

@@ -263,7 +263,27 @@ def scores(course: Path, assignment: str, url: str | None = None) -> dict[str, d
     return result
 
 
-def export(course: Path, to: Path, url: str | None = None) -> None:
-    """Every grade in the gradebook to the CSV file `to` (`nbgrader export`: one row per student
-    and assignment), from the course's gradebook or the one at `url`."""
+def export(course: Path, to: Path, url: str | None = None) -> list[tuple[str, str]]:
+    """Every grade in the gradebook to the CSV file `to` (`nbgrader export`'s layout: one row per
+    student and assignment), from the course's gradebook or the one at `url`; the (assignment,
+    student) of each row never handed in (no submission in the gradebook). nbgrader writes 0.0
+    there, the same as a graded 0; here its scores are left empty, which a spreadsheet or an LMS
+    reads as no grade (walkthrough 3, issue 48)."""
+    import csv
+
+    from nbgrader.api import Gradebook
     nbgrader(course, "export", "--to", str(to), *([f"--CourseDirectory.db_url={url}"] if url else []))
+    with Gradebook(db_url(course, url)) as book:
+        handed_in = {(s.assignment.name, s.student.id) for a in book.assignments for s in a.submissions}
+    with open(to, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    never = [(row["assignment"], row["student_id"]) for row in rows
+             if (row["assignment"], row["student_id"]) not in handed_in]
+    if never:
+        with open(to, "w", newline="", encoding="utf-8") as f:
+            out = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+            out.writeheader()
+            for row in rows:
+                missing = (row["assignment"], row["student_id"]) not in handed_in
+                out.writerow({**row, "raw_score": "", "score": ""} if missing else row)
+    return never

@@ -433,6 +433,31 @@ def test_grades_and_feedback_go_back_in_the_files_each_lms_imports(registered_co
         main(["export", ASSIGNMENT, "--lms", "moodle" if lms == "canvas" else "canvas", "--course", str(course)])
 
 
+def test_the_nbgrader_export_leaves_an_assignment_never_handed_in_without_a_score(registered_course, tmp_path, capsys):
+    """Walkthrough 3 (issue 48): nbgrader's export wrote 0.0 for an assignment a student never
+    handed in, the same as a graded zero. Jane is graded 0 in every part; Bo is in the gradebook
+    and never handed it in."""
+    import csv
+    import shutil
+
+    from grader.__main__ import main
+    from nbgrader.api import Gradebook
+    from sqlalchemy.exc import SAWarning
+    course = Path(shutil.copytree(registered_course, tmp_path / "course"))
+    with Gradebook(gradebook.db_url(course)) as book, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=SAWarning)
+        gradebook.write_grades(book, ASSIGNMENT, "jane", {t: 0.0 for t in fabricate.test_points(ASSIGNMENT)})
+        book.update_or_create_student("bo")
+    main(["export", "--course", str(course), "--to", str(tmp_path / "grades.csv")])
+    with open(tmp_path / "grades.csv", newline="", encoding="utf-8") as f:
+        rows = {row["student_id"]: row for row in csv.DictReader(f)}
+    assert set(rows) == {"jane", "bo"}
+    assert float(rows["jane"]["score"]) == 0.0 and float(rows["jane"]["raw_score"]) == 0.0
+    assert rows["bo"]["score"] == rows["bo"]["raw_score"] == "" and float(rows["bo"]["max_score"]) > 0
+    assert f"1 rows left without a score: assignments never handed in, e.g. {ASSIGNMENT} of bo" \
+        in capsys.readouterr().out
+
+
 def test_an_id_longer_than_the_gradebook_holds_is_shortened_alike_on_every_run_and_database(tmp_path):
     """Red team A9: a 200-character Canvas login crashed `prepare` on PostgreSQL (varchar(128)),
     which SQLite took: the two gradebooks differed."""
