@@ -231,7 +231,7 @@ def feedback_for(course: Path, assignment: str, students: list[str], url: str | 
         return nbgrader(course, *args, check=False)
 
     if not students or render(students).returncode == 0:
-        wrap_long_lines(course, assignment, students)
+        finish_pages(course, assignment, students)
         return {}
     failures = {}
     for student in students:
@@ -240,7 +240,7 @@ def feedback_for(course: Path, assignment: str, students: list[str], url: str | 
             lines = (result.stdout + result.stderr).strip().splitlines() or [f"exit status {result.returncode}"]
             why = next((line for line in reversed(lines) if "Error" in line), lines[-1])
             failures[student] = f"nbgrader generate_feedback failed: {why.strip()}"[:300]
-    wrap_long_lines(course, assignment, [s for s in students if s not in failures])
+    finish_pages(course, assignment, [s for s in students if s not in failures])
     return failures
 
 
@@ -248,15 +248,24 @@ def feedback_for(course: Path, assignment: str, students: list[str], url: str | 
 # edge (a student cannot scroll a printout): wrapped, as the verdict is (feedback_page.verdict).
 WRAP_STYLE = ("<style>/* grader: long lines wrapped */ div.input_area pre, div.output_area pre "
               "{ white-space: pre-wrap; overflow-wrap: anywhere; }</style>")
+# nbgrader's template lists the scores as "Test cell (Score: 2.0 / 2.0)", four alike, and heads each
+# test cell "Grade cell: p1_tests", nbgrader's words (walkthrough 3, issue 48): the part's name
+# instead. Only the template's own markup matches: a student's text in the page is escaped.
+SCORE_LINK = re.compile(r'<a href="#(p(\d+)_tests)">Test cell</a>')
+TEST_HEADING = re.compile(r'Grade cell: <code>p(\d+)_tests</code>')
 
 
-def wrap_long_lines(course: Path, assignment: str, students: list[str]) -> None:
+def finish_pages(course: Path, assignment: str, students: list[str]) -> None:
+    """Long lines wrapped and the test cells named by their part, in each student's page."""
     for student in students:
         page = course / "feedback" / student / assignment / f"{assignment}.html"
         if page.is_file() and not any(p.is_symlink() for p in (page, page.parent, page.parent.parent)):
             html = page.read_text(encoding="utf-8")
             if WRAP_STYLE not in html and "</head>" in html:
-                page.write_text(html.replace("</head>", WRAP_STYLE + "\n</head>", 1), encoding="utf-8")
+                html = html.replace("</head>", WRAP_STYLE + "\n</head>", 1)
+            html = SCORE_LINK.sub(lambda m: f'<a href="#{m[1]}">Part {m[2]}</a>', html)
+            html = TEST_HEADING.sub(lambda m: f"Tests of Part {m[1]}", html)
+            page.write_text(html, encoding="utf-8")
 
 
 def pack_feedback(course: Path, assignment: str, out: Path) -> list[Path]:

@@ -561,6 +561,8 @@ def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
     page = (course / "feedback-upload" / ASSIGNMENT / f"smithomar_223344_{ASSIGNMENT}.html").read_text()
     assert "Not attempted: the answer cells of this part are as handed out" in " ".join(page.split())  # a blank notebook
     assert "In&nbsp;[&nbsp;]" not in page and "In [ ]" not in page  # the run's counts
+    assert ">Test cell</a>" not in page and "Grade cell:" not in page  # nbgrader's words (walkthrough 3)
+    assert '<a href="#p1_tests">Part 1</a> (Score:' in page and "Tests of Part 1" in page
     assert "2⁻²⁵" in page and "$2^{-25}$" not in page  # maths readable offline, without MathJax
     if CHROMIUM:  # as a student sees it, offline: the verdict not cut, the code as written, no line cut
         seen = in_the_browser(course / "feedback-upload" / ASSIGNMENT / f"smithomar_223344_{ASSIGNMENT}.html")
