@@ -302,13 +302,20 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
     log = result.stdout + result.stderr
     if result.returncode != 0:
         sys.exit(printable(f"nbgrader zip_collect failed:\n{log[-3000:]}"))
-    for line in [f"skipped {name}: {why}" for name, why in skipped.items()] + [
-            line.split("] ", 1)[-1] for line in log.splitlines()
-            if "LATE:" in line or "LONG ID:" in line or "skipped" in line.lower()]:
-        print(" ", one_line(line))
+    parse = {"canvas": canvas, "moodle": moodle}[lms]
+
+    def whose(name: str) -> str | None:
+        info = parse(Path(name))
+        return info.get("student_id") if info else None
+
+    logged = [line.split("] ", 1)[-1] for line in log.splitlines()
+              if ("LATE:" in line or "LONG ID:" in line or "skipped" in line.lower())
+              and "Skipped submission with no match information" not in line]  # nbgrader's, after each of ours
+    print_notes([(whose(name), f"skipped {name}: {why}") for name, why in skipped.items()] +
+                [(line.split(": skipped ", 1)[0] if ": skipped " in line and " " not in line.split(": skipped ", 1)[0]
+                  else None, line) for line in logged])
     students = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
     print(one_line(f"{len(students)} submissions of {assignment} in {course / 'submitted'}: {', '.join(students)}"))
-    parse = {"canvas": canvas, "moodle": moodle}[lms]
     chosen = latest_uploads(archive, parse, release=release_of(course, assignment))
     remember(course, assignment, lms, {student: upload for student, upload in chosen.items() if student in students})
     uploaders = {info["student_id"] for name in skipped if (info := parse(Path(name))) and info["student_id"]}
@@ -319,6 +326,26 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
         if student not in students and student not in uploaders:
             print(one_line(f"  NOT COLLECTED {student}: their only notebook(s) were refused ({'; '.join(files)}): "
                             f"if one is theirs, put it in submitted/{student}/{assignment}/{assignment}.ipynb by hand"))
+
+
+NOTES_PER_STUDENT = 5  # the most lines printed about one student's skipped files; the rest counted
+
+
+def print_notes(notes: list[tuple[str | None, str]]) -> None:
+    """Collection's notes, (student or None, line), one line each, at most NOTES_PER_STUDENT about
+    one student (red team 45g, A10: one submission of 3,000 notebooks printed 6,000 lines, in which a
+    classmate's LATE line was lost): the first few, then how many more."""
+    about: dict[str, int] = {}
+    for student, line in notes:
+        if student is not None:
+            about[student] = about.get(student, 0) + 1
+            if about[student] > NOTES_PER_STUDENT:
+                continue
+        print(" ", one_line(line))
+    for student, count in sorted(about.items()):
+        if count > NOTES_PER_STUDENT:
+            print(" ", one_line(f"{student}: {count - NOTES_PER_STUDENT} more files skipped, not listed "
+                                 f"(the first {NOTES_PER_STUDENT} are above)"))
 
 
 def refused_owners(archive: Path, parse) -> dict[str, list[str]]:

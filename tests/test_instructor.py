@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-from grader import fabricate, feedback, gradebook, runs, schedule  # noqa: E402
+from grader import collect, fabricate, feedback, gradebook, runs, schedule  # noqa: E402
 from tests import browser, postgres  # noqa: E402
 
 CHROMIUM = browser.find_chromium()
@@ -281,6 +281,22 @@ def collected(course: Path) -> dict[str, str]:
             for p in (course / "submitted").glob(f"*/{ASSIGNMENT}/*.ipynb")}
 
 
+def test_a_submission_of_many_files_is_summed_up_and_a_classmates_late_line_stays_in_view(tmp_path):
+    """Red team 45g, A10: one Canvas submission of 3,000 notebooks printed two lines for each
+    (collection's and nbgrader's), 6,000 lines in which a classmate's LATE line was lost."""
+    course = fresh_course(tmp_path / "course")
+    names = {f"doejane_late_123456_7890123_{ASSIGNMENT}.ipynb": "jane"}
+    names.update({f"mallory_999_888_note{i:03d}.ipynb": f"m{i}" for i in range(3 * collect.NOTES_PER_STUDENT)})
+    download = lms_zip(tmp_path / "download.zip", names)
+    result = subprocess.run([sys.executable, "-m", "grader", "collect", ASSIGNMENT, "--lms", "canvas",
+                             "--zip", str(download), "--course", str(course)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    about = [line for line in result.stdout.splitlines() if "mallory_999" in line and "submissions of" not in line]
+    assert len(about) == collect.NOTES_PER_STUDENT + 1, result.stdout
+    assert f"mallory_999: {2 * collect.NOTES_PER_STUDENT - 1} more files skipped, not listed" in about[-1]
+    assert "LATE: doejane_123456" in result.stdout and set(collected(course)) == {"doejane_123456", "mallory_999"}
+
+
 @pytest.mark.parametrize("lms, names, expected", [
     ("canvas", {f"doejane_late_123456_7890123_{ASSIGNMENT}.ipynb": "jane first",
                 f"doejane_late_123456_7890123_{ASSIGNMENT}-1.ipynb": "jane second",
@@ -336,6 +352,7 @@ def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, n
         assert (f"omar_smith_12346: skipped {ASSIGNMENT}_old.ipynb: the same submission holds {ASSIGNMENT}.ipynb, "
                 "collected instead") in result.stdout
     assert "skipped alice_333_5002_notes.gz" in result.stdout  # one bad archive stops no one's collection
+    assert "Skipped submission with no match information" not in result.stdout  # nbgrader's second line for each
     assert {p.suffix for p in (course / "downloaded").rglob("*") if p.is_file() and p.name != "lms.json"} == {".ipynb"}
     remembered = json.loads((course / "downloaded" / ASSIGNMENT / "lms.json").read_text())  # for the way back
     assert remembered["lms"] == lms and set(remembered["students"]) == set(expected)
