@@ -447,6 +447,28 @@ def test_compare_precisions_interleaves_rounds_and_reports_their_spread(monkeypa
         compare_precisions("cpu", dim=16, heads=2, batch=2, seq_len=16, rounds=0)
 
 
+def test_achieved_vs_peak_draws_points_on_its_log_axis_not_bars():
+    # bars on a log axis misstate a ratio by their lengths; the two markers' distance does not
+    from types import SimpleNamespace
+
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    from mpcourse.bench import plot_achieved_vs_peak
+    from mpcourse.bench.probes import MaxMatmulResult
+
+    def measured(precision, tflops, peak):
+        return MaxMatmulResult(precision=precision, device="cuda:0", skipped=(), peak_tflops=peak,
+                               results=(SimpleNamespace(tflops=tflops),))
+    results = SimpleNamespace(info=SimpleNamespace(name="a GPU"),
+                              matmul={"fp32": measured("fp32", 51.4, 66.9), "fp8": measured("fp8", 1259.0, None)})
+    ax = plot_achieved_vs_peak(results, Figure().add_subplot())
+    assert ax.get_yscale() == "log"
+    assert not [p for p in ax.patches if isinstance(p, Rectangle)]
+    labels = [t.get_text() for t in ax.texts]
+    assert labels == ["51.4 TFLOP/s\n77% of peak", "1259 TFLOP/s"]
+
+
 def test_bench_command_writes_the_report(tmp_path, device):
     out = tmp_path / "report"
     run = subprocess.run([sys.executable, "-m", "mpcourse", "bench", "--quick", "--device",

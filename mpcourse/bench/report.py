@@ -45,7 +45,13 @@ def _measured(results: SuiteResults) -> dict[str, MaxMatmulResult]:
 
 
 def plot_achieved_vs_peak(results: SuiteResults, ax=None):
-    """Best achieved matmul TFLOP/s per precision, next to the datasheet's dense peak."""
+    """Best achieved matmul TFLOP/s per precision (dots), next to the datasheet's dense peak
+    (open markers) on a log axis.
+
+    Dots, not bars: on a log axis a bar's length is not proportional to its value, so bars of
+    achieved and peak side by side would misstate the ratio. Here the ratio is the vertical
+    distance between the two markers, the same for the same ratio in every precision, and each
+    dot is labelled with its percentage of the peak."""
     ax = _axes(ax)
     measured = _measured(results)
     x = np.arange(len(measured))
@@ -53,15 +59,22 @@ def plot_achieved_vs_peak(results: SuiteResults, ax=None):
     peaks = [r.peak_tflops for r in measured.values()]
     colors = [COLORS[p] for p in measured]
     peak_known = any(p is not None for p in peaks)
-    width, shift = (0.4, 0.2) if peak_known else (0.6, 0.0)
-    ax.bar(x - shift, achieved, width, color=colors, label="achieved (best shape)")
+    for xi, value, peak, color in zip(x, achieved, peaks, colors):
+        if peak:
+            ax.plot([xi, xi], [value, peak], color=color, linewidth=1, zorder=1)
+            ax.scatter([xi], [peak], s=60, facecolors="white", edgecolors=[color], linewidths=1.5,
+                       zorder=2)
+        ax.scatter([xi], [value], s=40, color=color, zorder=3)
+        text = (f"{value:.0f}" if value >= 100 else f"{value:.3g}") + " TFLOP/s" + (
+            f"\n{100 * value / peak:.0f}% of peak" if peak else "")
+        ax.annotate(text, (xi, value), xytext=(6, 0), textcoords="offset points", ha="left",
+                    va="center", fontsize=7)
+    ax.scatter([], [], s=40, color="0.3", label="achieved (best shape)")
     if peak_known:
-        ax.bar(x + shift, [p or 0 for p in peaks], width, color="none", edgecolor=colors,
-               hatch="//", label="datasheet peak (dense)")
-    for xi, value, peak in zip(x, achieved, peaks):
-        text = f"{value:.3g}" + (f"\n{100 * value / peak:.0f}%" if peak else "")
-        ax.annotate(text, (xi - shift, value), ha="center", va="bottom", fontsize=7)
+        ax.scatter([], [], s=60, facecolors="white", edgecolors="0.3", linewidths=1.5,
+                   label="datasheet peak (dense)")
     ax.set_xticks(x, [PRECISION_LABELS[p] for p in measured])
+    ax.set_xlim(-0.5, len(measured) - 0.2)  # room for the last dot's label
     ax.set_yscale("log")
     ax.set_ylabel("matmul throughput (TFLOP/s, log scale)")
     ax.set_title(f"{results.info.name}: achieved" + (" vs datasheet peak" if peak_known else
