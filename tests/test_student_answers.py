@@ -390,6 +390,26 @@ def test_names_from_the_notebooks_cells_a_later_part_or_a_changed_set_up_cell_re
     assert all(v["passed"] for v in verdicts.values()), verdicts
 
 
+def test_a_later_parts_parameter_named_as_an_earlier_try_out_global_does_not_take_that_cell_in():
+    """Red team 45h, A04: ex5's Part 3 answer `matmul_cost(m, n, k, ...)` has a parameter `n`; a
+    student's heavy try-out cell in Part 2 (8192 x 8192 products, seconds on Colab's GPU) sets a
+    global `n`, so Part 3's tests ran Part 2's cells with it, past their time: 0 of Part 3's points.
+    A name a function binds itself is not one it reads from the notebook; a global it reads is."""
+    name = "ex5_mixed_precision_speedup"
+    source = notebooks.read_notebook(ROOT / "solutions" / name / f"{name}.ipynb")
+    assert "n" in runs.defined_names("n = 8192\n") and "def matmul_cost(m, n, k" in fabricate.solution_cells(name)["p3_solution"]
+    try_out = "n = 8192\nslow = time_it(lambda: torch.ones(n, n) @ torch.ones(n, n))  # explore\n"
+    job = runs.hidden_test_job(source, with_cells(name, {}, [("after", "p2_solution", try_out)]), SECRET, 120)
+    cells = {part["test_id"]: [src for _, src in part["cells"]] for part in job["parts"]}
+    assert try_out in cells["p2_tests"], "above Part 2's test cell: it runs with Part 2's tests, as in the notebook"
+    assert try_out not in cells["p3_tests"] and try_out not in cells["p4_tests"]
+    reads = "def matmul_cost(m, k, dtype):\n    return 2 * m * n * k\n"  # reads the global n: needs the cell
+    job = runs.hidden_test_job(source, with_cells(name, {"p3_solution": reads}, [("after", "p2_solution", try_out)]), SECRET, 120)
+    assert try_out in [src for _, src in job["parts"][2]["cells"]]
+    assert {"n", "k", "m"} - runs.used_names("def f(m, n, k):\n    return [m * n for _ in range(k)]\n") == {"n", "k", "m"}
+    assert {"G", "range"} <= runs.used_names("def f(m):\n    return [m * G for _ in range(3)]\n")
+
+
 def test_an_added_cell_that_breaks_a_name_costs_what_it_costs_in_the_notebook():
     """The ticks predict the grade: an added cell that redefines an answer wrongly above the test
     cell fails the part in the notebook, so it fails it when graded; the other parts keep theirs."""
