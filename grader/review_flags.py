@@ -4,9 +4,10 @@
 
 An answer cell is flagged when it touches the runner, the system or the libraries: call frames,
 the garbage collector, /proc, processes and sessions, links, databases, code objects, closures,
-profilers, TorchScript, imports by a name built at run time, `exec`, `ctypes`, signals,
+profilers, TorchScript, imports by a name built at run time, `exec`, `ctypes`, signals, `sys.modules`,
 assignments to attributes of torch, numpy and the like; and when it imports a module that is not
-installed where grading runs (red team 45g, A07: pandas, which Colab has). Never runs student
+installed where grading runs (red team 45g, A07: pandas, which Colab has). A name put together
+from pieces of text (`getattr(sys, "get" + "profile")`) is read as if written. Never runs student
 code: answers are only parsed. A flag is a reason to read the answer, not a verdict: honest
 answers are not flagged (the tests check every exercise's solutions), and an answer that hides its
 tricks well may not be.
@@ -14,6 +15,7 @@ tricks well may not be.
 import ast
 import functools
 import importlib.util
+import re
 import sys
 import threading
 
@@ -92,6 +94,12 @@ SUSPECT_NAMES = {
     "mpcourse": ("uses the course library, whose reference implementations the own-work check watches "
                  "for (an observation the answer's process could forge)"),
 }
+# getattr(sys, "get" + "profile"): a name put together from pieces of text hid what it reaches from
+# every flag above (red team 45h, A01: the watcher's record cleared, a forbidden torch.softmax 10 of
+# 10; A05: the checker's secret and the runner's frames read, both unflagged). Such text is put
+# together here as Python would, and read as if written. (Text computed in other ways is not.)
+ATTRIBUTE_CALLS = {"getattr", "setattr", "delattr", "hasattr"}
+FOLDED_CHARS = 10_000  # the longest text put together (a cell's own text is bounded by PARSED_CHARS)
 SUSPECT_TEXT = {"/proc": "reads /proc", "/dev/fd": "reads file descriptors", "/sys": "reads /sys",
                 "gradebook": "mentions the gradebook", ".db": "mentions a database file", "sqlite": "opens databases",
                 "hidden_tests": "mentions the hidden-test runner", "RESULT": "mentions the runner's result line",
@@ -137,6 +145,40 @@ def module_flags(name: str) -> set[str]:
     return found
 
 
+def name_flags(text: str) -> set[str]:
+    """Why to read an answer that names `text` (an attribute's or a module's name, or text that
+    holds such names): the flags each identifier in it would raise, written out."""
+    found = set()
+    for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text[:FOLDED_CHARS]):
+        found |= {why for why in (SUSPECT_NAMES.get(word), SUSPECT_CALLS.get(word)) if why}
+    return found
+
+
+def folded(node) -> str | None:
+    """The text an expression puts together from two or more literal pieces ("get" + "pro" + "file",
+    "".join(["f_lo", "cals"]), f"{'cell_'}contents"), or None: one that reads a variable, or is one
+    literal only (read as written already)."""
+    def text(n, depth=0):
+        if depth > 50:
+            return None
+        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+            return n.value
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
+            left, right = text(n.left, depth + 1), text(n.right, depth + 1)
+            return None if left is None or right is None or len(left) + len(right) > FOLDED_CHARS else left + right
+        if isinstance(n, ast.JoinedStr):
+            parts = [text(v.value if isinstance(v, ast.FormattedValue) else v, depth + 1) for v in n.values]
+            return None if None in parts else "".join(parts)[:FOLDED_CHARS]
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "join" and len(n.args) == 1
+                and isinstance(n.args[0], (ast.List, ast.Tuple))):
+            glue, parts = text(n.func.value, depth + 1), [text(e, depth + 1) for e in n.args[0].elts]
+            return None if glue is None or None in parts else glue.join(parts)[:FOLDED_CHARS]
+        return None
+    if isinstance(node, ast.Constant) or not isinstance(node, (ast.BinOp, ast.JoinedStr, ast.Call)):
+        return None
+    return text(node)
+
+
 def review_flags(submission: dict, source: dict | None = None) -> dict[str, list[str]]:
     """{part: [why to read it]} for answer cells that touch the runner, the system or the libraries
     (parsed, never run): frames, /proc, processes, links, databases, code objects, assignments to
@@ -167,12 +209,19 @@ def review_flags(submission: dict, source: dict | None = None) -> dict[str, list
                     found.add(SUSPECT_CALLS[called])
                 if called in ("setattr", "delattr") and node.args and library_of(node.args[0]):
                     found.add(f"assigns to an attribute of {library_of(node.args[0])}")
+                if called in ATTRIBUTE_CALLS and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
+                    found |= name_flags(str(node.args[1].value))  # getattr(sys, "getprofile"): as if written
                 if called in IMPORTS_BY_NAME and node.args:
                     first = node.args[0]
                     named = isinstance(first, ast.Constant) and isinstance(first.value, str)
                     found |= module_flags(first.value) if named else {"imports a module whose name is built at run time"}
+            pieces = folded(node)
+            if pieces is not None:  # "get" + "profile": text put together from pieces, read as written
+                found |= name_flags(pieces) | {why for needle, why in SUSPECT_TEXT.items() if needle in pieces}
             for module in imported(node):
                 found |= module_flags(module)
+            if isinstance(node, ast.Attribute) and node.attr == "modules" and library_of(node.value) == "sys":
+                found.add("looks modules up in sys.modules (the course library's among them)")
             name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
             if name and SUSPECT_NAMES.get(name):
                 found.add(SUSPECT_NAMES[name])

@@ -607,6 +607,31 @@ def test_honest_solutions_are_not_flagged_and_runner_tricks_are(assignment):
     assert runs.defined_names("_ = f'{a}{b}'\ndef naive_softmax(x):\n    return x\n") == {"_", "naive_softmax"}
 
 
+def test_attributes_reached_by_a_name_built_at_run_time_and_sys_modules_are_flagged():
+    """Red team 45h: A01 cleared the own-work check's record through `getattr(sys, "get" + "profile")`
+    and `getattr(c, "cell_" + "contents")` (a forbidden torch.softmax, 10 of 10); A05 read the
+    checker's secret and the runner's frames through `sys.modules["mp" + "course.grading"]` and
+    `getattr(f, "f_lo" + "cals")`. Neither was flagged: every flag matched names as written."""
+    def flags_of(code):
+        return review_flags.review_flags({"cells": [{"cell_type": "code", "source": code,
+                                                     "metadata": {"nbgrader": {"grade_id": "p1_solution"}}}]}).get("p1", [])
+    profiler = "reads or switches profilers (the own-work check is one)"
+    closure = "reads functions' closures (where the own-work check keeps its record)"
+    for code in ('w = getattr(_s, "get" + "pro" + "file")()\n', 'w = getattr(sys, "getprofile")()\n',
+                 'k = "get" + "pro" + "file"\nw = getattr(_s, k)()\n', 'k = "".join(["getpro", "file"])\n',
+                 'k = f"{\'getpro\'}file"\n'):
+        assert profiler in flags_of(code), code
+    assert closure in flags_of('v = getattr(c, "cell_" + "contents", None)\n')
+    assert "reads the call stack" in flags_of('f = getattr(sys, "_get" + "frame")()\nl = getattr(f, "f_lo" + "cals")\n')
+    library = flags_of('g = sys.modules["mp" + "course.grad" + "ing"]\n')
+    assert any("sys.modules" in why for why in library) and any(why.startswith("uses the course library") for why in library)
+    assert "reads /proc" in flags_of('p = "/pr" + "oc/self/maps"\n')
+    for honest in ('d = getattr(r, "dtype", None)\n', "m = [p for p in model.modules()]\n", "n = len(x.shape)\n",
+                   "setattr(parent, name, StableSoftmax())\n", 'print("loss: " + str(x) + " at step " + f"{i}")\n',
+                   'label = "FP" + "16 " + "gradient"\n'):
+        assert flags_of(honest) == [], honest
+
+
 def test_the_red_team_45g_evasions_and_missing_packages_are_flagged():
     """Red team 45g: TorchScript (A01b, A01c), the watcher's closure and profiler, and a module name
     built at run time (A02b) got full marks unflagged; an import of a package the grading
