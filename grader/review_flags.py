@@ -179,6 +179,13 @@ def folded(node) -> str | None:
     return text(node)
 
 
+def as_released(code: str) -> str:
+    """A cell's code with its line endings and trailing spaces as the release writes them: an
+    example cell saved by a Windows editor (`\r\n`) is still the release's, not the student's own
+    (red team 45h, A06: every example cell was flagged "uses the course library")."""
+    return "\n".join(line.rstrip() for line in code.replace("\r\n", "\n").replace("\r", "\n").split("\n")).strip()
+
+
 def review_flags(submission: dict, source: dict | None = None) -> dict[str, list[str]]:
     """{part: [why to read it]} for answer cells that touch the runner, the system or the libraries
     (parsed, never run): frames, /proc, processes, links, databases, code objects, assignments to
@@ -186,9 +193,9 @@ def review_flags(submission: dict, source: dict | None = None) -> dict[str, list
     added are read too, as the part whose hidden tests run them (grader/notebooks.py, `student_code`)."""
     flags: dict[str, set] = {}
     if source is not None:  # the notebook's own example cells as released are the instructor's, not read
-        released = {without_magics(source_text(c)) for c in source["cells"] if c.get("cell_type") == "code"}
+        released = {as_released(without_magics(source_text(c))) for c in source["cells"] if c.get("cell_type") == "code"}
         cells = [(name, code) for name, code in student_code(submission, source)
-                 if not (example(name) and code in released)]
+                 if not (example(name) and as_released(code) in released)]
     else:
         cells = [(grade_id(c), source_text(c)) for c in submission["cells"]
                  if c.get("cell_type") == "code" and grade_id(c) and "solution" in grade_id(c)]

@@ -58,13 +58,14 @@ ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf"
 TAIL = 20_000
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 STOP = threading.Event()  # set: every sandbox running ends now (the grader was stopped)
+MEMORY_BYTES = 4 * 2**30  # the most a sandbox's whole tree may take (schedule.JOB_MEMORY sets it aside)
 
 
 @dataclass(frozen=True)
 class Limits:
     seconds: float                    # wall clock, the whole run
     cpu_seconds: float                # CPU time of the whole process tree (and of each process)
-    memory_bytes: int = 4 * 2**30     # the whole tree's memory, /tmp included (cgroup)
+    memory_bytes: int = MEMORY_BYTES  # the whole tree's memory, /tmp included (cgroup)
     address_space: int = 8 * 2**30    # per process (prlimit)
     tmpfs_bytes: int = 512 * 2**20    # /tmp, the only writable place
     processes: int = 256              # tasks (threads count) of the whole tree

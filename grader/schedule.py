@@ -50,9 +50,12 @@ from grader.runs import (BrokenEnvironment, NoSandbox, environment_problem, hidd
 
 # Memory set aside per student graded at once: `default_jobs` runs no more than memory holds. An
 # honest student's heaviest step, the feedback run (nbgrader and a kernel, each with torch), peaked
-# at about 300 MiB (benchmarks/bench_grading.py); a sandbox may take up to its cgroup's limit
-# (sandbox.Limits.memory_bytes, 4 GiB), which few students reach at once: 2 GiB between the two.
-JOB_MEMORY = 2 * 2**30
+# at about 300 MiB (benchmarks/bench_grading.py), but each sandbox may take up to its cgroup's limit
+# (sandbox.MEMORY_BYTES, 4 GiB), and a class may hold a hoarder beside another: at 2 GiB a
+# student, two of them graded at once could ask for twice the memory there was, and the machine's
+# out-of-memory killer picks its own victim, the grader's process among the candidates (red team
+# 45h, U03). What a sandbox may take is set aside, so no students' sandboxes together can.
+JOB_MEMORY = sandboxing.MEMORY_BYTES
 
 
 @dataclass

@@ -69,6 +69,10 @@ def test_shards_split_the_class_by_sha256_of_the_id():
 
 
 def test_default_jobs_is_one_per_core_as_many_as_memory_holds(monkeypatch):
+    """At what each sandbox may take: students who hoard memory, graded side by side, cannot
+    together ask for more than there is (red team 45h, U03: at 2 GiB a student, twice as much)."""
+    from grader import sandbox
+    assert schedule.JOB_MEMORY >= sandbox.Limits(seconds=1, cpu_seconds=1).memory_bytes
     cores = len(os.sched_getaffinity(0))
     monkeypatch.setattr(schedule, "mem_available", lambda: 64 * schedule.JOB_MEMORY)
     assert schedule.default_jobs() == cores

@@ -426,6 +426,14 @@ def test_review_flags_read_the_cells_a_student_adds():
     assert review_flags.review_flags(submission) == {}  # answer cells alone: nothing to read
     assert "reads the call stack" in review_flags.review_flags(submission, source)["p3"]
 
+    def windows(notebook):  # saved by an editor that ends lines in \r\n (red team 45h, A06)
+        return {**notebook, "cells": [{**c, "source": [line.replace("\n", "\r\n") for line in c["source"]]}
+                                      if isinstance(c["source"], list) else {**c, "source": c["source"].replace("\n", "\r\n")}
+                                      for c in notebook["cells"]]}
+    assert review_flags.review_flags(windows(with_cells("ex1_precision_comparison", {}, [])), notebooks.read_notebook(
+        ROOT / "solutions" / "ex1_precision_comparison" / "ex1_precision_comparison.ipynb")) == {}
+    assert "reads the call stack" in review_flags.review_flags(windows(submission), source)["p3"]
+
 
 def test_honest_notebook_habits_in_an_answer_cell_keep_their_points():
     solution = fabricate.solution_cells("ex2_loss_scaling")["p1_solution"]
