@@ -277,14 +277,34 @@ def grade_student(course, assignment, student, template, source, release, secret
             records[who], problem = run_hidden_tests(Path(scratch) / who, job, sandbox, timeout, library[who])
             if problem:
                 return None, ran, f"the hidden-test runner ({who}) {problem}", note, flags
-        for test_id, record in records["student"].items():  # a record too large to read (runs.read_records)
-            if record.get("refused"):
-                flags[part_of(test_id)] = sorted({*flags.get(part_of(test_id), []), "made the part's record unreadable: "
-                                                  + str(record["refused"])})
+        for part, why in record_flags(jobs[1][1], records["student"]).items():
+            flags[part] = sorted({*flags.get(part, []), *why})
         try:
             return judge.judge(records["reference"], records["student"]), ran, None, note, flags
         except judge.ReferenceProblem as error:
             return None, ran, f"the instructor's reference solution fails its own tests: {error}", note, flags
+
+
+# A part's tests that ran past their time with cells the student added: a try-out a GPU runs in
+# seconds (8192 x 8192 products) may take minutes on the grading CPU (red team 45h, A04). The grade
+# stands (the students' page says so); the instructor is asked to look.
+TIMED_OUT_WITH_ADDED = ("ran past its time with cells the student added ({}): a try-out a GPU runs in seconds "
+                        "may take minutes here: read them")
+
+
+def record_flags(job: dict, records: dict) -> dict[str, list[str]]:
+    """{part: [why to read it]} from the student's records of their hidden-test `job`: a record too
+    large to read (runs.read_records), and tests that ran past their time with cells the student
+    added (TIMED_OUT_WITH_ADDED)."""
+    added = {part["test_id"]: [name.split("_added ", 1)[1].strip("()") for name, _ in part["cells"]
+                               if "_added (" in name] for part in job["parts"]}
+    flags: dict[str, list[str]] = {}
+    for test_id, record in records.items():
+        if record.get("refused"):
+            flags.setdefault(part_of(test_id), []).append("made the part's record unreadable: " + str(record["refused"]))
+        elif "did not finish" in str(record.get("stopped")) and added.get(test_id):
+            flags.setdefault(part_of(test_id), []).append(TIMED_OUT_WITH_ADDED.format(", ".join(added[test_id])))
+    return flags
 
 
 REFERENCE_BATCH = 64  # the most students' secrets in one reference run (large records: fewer, runs.run_references)

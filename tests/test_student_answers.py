@@ -410,6 +410,23 @@ def test_a_later_parts_parameter_named_as_an_earlier_try_out_global_does_not_tak
     assert {"G", "range"} <= runs.used_names("def f(m):\n    return [m * G for _ in range(3)]\n")
 
 
+def test_a_part_that_ran_past_its_time_with_cells_the_student_added_is_flagged_for_review():
+    """Red team 45h, A04: a GPU-sized try-out above Part 2's test cell (seconds on Colab's GPU) ran
+    Part 2's tests past their time on the grading CPU: 0 for the part, and nothing told the
+    instructor. The grade stands; the report asks them to read those cells."""
+    from grader import schedule
+    name = "ex5_mixed_precision_speedup"
+    source = notebooks.read_notebook(ROOT / "solutions" / name / f"{name}.ipynb")
+    job = runs.hidden_test_job(source, with_cells(name, {}, [("after", "p2_solution", "n = 8192\n")]), SECRET, 120)
+    late = {"observations": [], "stopped": "the tests of this part did not finish within 60 s of CPU time"}
+    records = {"p1_tests": late, "p2_tests": late, "p3_tests": {"observations": []},
+               "p4_tests": {"observations": [], "stopped": "x", "refused": "wrote a record larger than the grader reads"}}
+    flags = schedule.record_flags(job, records)
+    assert flags["p2"] == [schedule.TIMED_OUT_WITH_ADDED.format("code cell 6")]  # the try-out is the 6th code cell
+    assert "p1" not in flags and "p3" not in flags  # Part 1 ran past its time with its own answer only
+    assert flags["p4"] == ["made the part's record unreadable: wrote a record larger than the grader reads"]
+
+
 def test_an_added_cell_that_breaks_a_name_costs_what_it_costs_in_the_notebook():
     """The ticks predict the grade: an added cell that redefines an answer wrongly above the test
     cell fails the part in the notebook, so it fails it when graded; the other parts keep theirs."""
