@@ -257,6 +257,21 @@ def _used_names(source: str) -> frozenset[str]:
     return frozenset(used & everything)
 
 
+def bound_names(source: str) -> frozenset[str]:
+    """The names a cell binds at its top level (assigned, imported, defined, loop targets): a test cell's
+    own `seed = ...` needs no earlier cell that sets `seed` (walkthrough 4: ex7 Part 4's test cell
+    sets `seed`, so a student's slow Part 2 try-out that also set `seed` ran with Part 4's tests)."""
+    tree = parsed(source) if not not_parsed(source) else None
+    if tree is None:
+        return frozenset()
+    try:
+        with PARSING:
+            top = symtable.symtable(ast.unparse(tree), "<cell>", "exec")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return frozenset()
+    return frozenset(s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace())
+
+
 def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *, reference: bool = False) -> dict:
     """What grader/hidden_tests.py needs: the instructor's set-up and test cells, and per part the
     student's cells it depends on (grader/notebooks.py's `student_code`), in the notebook's order: its
@@ -278,7 +293,7 @@ def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *
         part = part_of(test)
         expected = set().union(*[defined_names(source_text(cells[g])) for g in solutions
                                  if order.index(part_of(g)) <= order.index(part)])
-        needed, wanted = {part}, used_names(source_text(cells[test]))
+        needed, wanted = {part}, used_names(source_text(cells[test])) - bound_names(source_text(cells[test]))
         for g in solutions:
             if part_of(g) == part:
                 wanted |= used_names(source_text(cells[g]))

@@ -410,6 +410,19 @@ def test_a_later_parts_parameter_named_as_an_earlier_try_out_global_does_not_tak
     assert {"G", "range"} <= runs.used_names("def f(m):\n    return [m * G for _ in range(3)]\n")
 
 
+def test_a_name_a_test_cell_sets_itself_takes_no_earlier_cell_in():
+    """Walkthrough 4 (D2): ex7 Part 4's test cell sets `seed` itself; a student's slow try-out in
+    Part 2 that also set `seed` ran with Part 4's tests, past their time: 0 for Part 4."""
+    name = "ex7_fp16_nan_hunt"
+    source = notebooks.read_notebook(ROOT / "solutions" / name / f"{name}.ipynb")
+    test = next(notebooks.source_text(c) for c in source["cells"] if notebooks.grade_id(c) == "p4_tests")
+    assert "seed" in runs.bound_names(test) and "seed" in runs.used_names(test)
+    try_out = "seed = 7\nsweep = [seed * k for k in range(3)]  # a slow sweep, in the notebook\n"
+    job = runs.hidden_test_job(source, with_cells(name, {}, [("after", "p2_solution", try_out)]), SECRET, 120)
+    cells = {part["test_id"]: [src for _, src in part["cells"]] for part in job["parts"]}
+    assert try_out in cells["p2_tests"] and try_out not in cells["p4_tests"]
+
+
 def test_a_part_that_ran_past_its_time_with_cells_the_student_added_is_flagged_for_review():
     """Red team 45h, A04: a GPU-sized try-out above Part 2's test cell (seconds on Colab's GPU) ran
     Part 2's tests past their time on the grading CPU: 0 for the part, and nothing told the
