@@ -28,6 +28,7 @@ of their own, as before.
 """
 import hashlib
 import os
+import re
 import sys
 import tempfile
 import time
@@ -42,10 +43,10 @@ from grader.feedback import hidden_test_lines, seeds_of
 from grader.gradebook import (db_url, graded_students, instructor_secret, record, register, registered, submitters,
                               without_password)
 from grader.notebooks import (files_note, grade_id, normalised, part_of, read_notebook, read_submission, recovered,
-                              student_code, submission_files)
+                              source_text, student_code, submission_files)
 from grader.review_flags import ANSWER_CHARS, review_flags
 from grader.withheld import declared, library_copy
-from grader.runs import (BrokenEnvironment, NoSandbox, environment_problem, hidden_test_job,  # noqa: F401
+from grader.runs import (BrokenEnvironment, NoSandbox, defined_names, environment_problem, hidden_test_job,  # noqa: F401
                          run_feedback, run_hidden_tests, run_references, sandbox_problem, template_course)
 
 # Memory set aside per student graded at once: `default_jobs` runs no more than memory holds. An
@@ -280,7 +281,7 @@ def grade_student(course, assignment, student, template, source, release, secret
         for part, why in record_flags(jobs[1][1], records["student"]).items():
             flags[part] = sorted({*flags.get(part, []), *why})
         try:
-            return judge.judge(records["reference"], records["student"]), ran, None, note, flags
+            return test_cell_names(judge.judge(records["reference"], records["student"]), source), ran, None, note, flags
         except judge.ReferenceProblem as error:
             return None, ran, f"the instructor's reference solution fails its own tests: {error}", note, flags
 
@@ -290,6 +291,27 @@ def grade_student(course, assignment, student, template, source, release, secret
 # stands (the students' page says so); the instructor is asked to look.
 TIMED_OUT_WITH_ADDED = ("ran past its time with cells the student added ({}): a try-out a GPU runs in seconds "
                         "may take minutes here: read them")
+
+
+UNDEFINED = re.compile(r"NameError: name '([A-Za-z_][A-Za-z0-9_]*)' is not defined")
+TEST_CELL_NAME = (" ({name} is set by a test cell: graded, the test cells run apart from your code, "
+                  "which does not see their names; set it in a cell of your own)")
+
+
+def test_cell_names(verdicts: dict, source: dict) -> dict:
+    """The verdicts, where a part failed because the answer read a name only a test cell sets
+    (`OVERFLOW_FROM`, Part 1's test cell): said so in its message. In the notebook it worked; graded,
+    the tests run in a namespace of their own (walkthrough 4, D1: the message blamed other inputs)."""
+    cells = [c for c in source["cells"] if c.get("cell_type") == "code"]
+    by_tests = set().union(*[defined_names(source_text(c)) for c in cells if "_tests" in (grade_id(c) or "")])
+    elsewhere = set().union(*[defined_names(source_text(c)) for c in cells if "_tests" not in (grade_id(c) or "")])
+    out = {}
+    for test_id, verdict in verdicts.items():
+        found = UNDEFINED.search(str(verdict.get("message") or ""))
+        if not verdict.get("passed") and found and found[1] in by_tests - elsewhere:
+            verdict = {**verdict, "message": f"{verdict['message']}{TEST_CELL_NAME.format(name=found[1])}"}
+        out[test_id] = verdict
+    return out
 
 
 def record_flags(job: dict, records: dict) -> dict[str, list[str]]:

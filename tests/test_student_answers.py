@@ -423,6 +423,21 @@ def test_a_name_a_test_cell_sets_itself_takes_no_earlier_cell_in():
     assert try_out in cells["p2_tests"] and try_out not in cells["p4_tests"]
 
 
+def test_an_answer_that_reads_a_name_a_test_cell_sets_is_told_so():
+    """Walkthrough 4 (D1): an ex2 Part 2 answer that reads `OVERFLOW_FROM`, which only a test cell
+    sets, ticks in the notebook (one namespace) and fails graded (the tests run apart): NameError,
+    and the message blamed "other inputs". It now says where the name comes from."""
+    from grader import schedule
+    name = "ex2_loss_scaling"
+    source = notebooks.read_notebook(ROOT / "solutions" / name / f"{name}.ipynb")
+    setters = [notebooks.grade_id(c) for c in source["cells"] if "OVERFLOW_FROM" in runs.defined_names(notebooks.source_text(c))]
+    assert setters and all("_tests" in (g or "") for g in setters), setters
+    answer = fabricate.solution_cells(name)["p2_solution"] + wrapped("min_loss_scale", "assert OVERFLOW_FROM > 0")
+    verdicts = schedule.test_cell_names(hidden_verdicts(name, with_cells(name, {"p2_solution": answer}, [])), source)
+    assert not verdicts["p2_tests"]["passed"] and verdicts["p1_tests"]["passed"]
+    assert schedule.TEST_CELL_NAME.format(name="OVERFLOW_FROM") in verdicts["p2_tests"]["message"], verdicts["p2_tests"]
+
+
 def test_a_part_that_ran_past_its_time_with_cells_the_student_added_is_flagged_for_review():
     """Red team 45h, A04: a GPU-sized try-out above Part 2's test cell (seconds on Colab's GPU) ran
     Part 2's tests past their time on the grading CPU: 0 for the part, and nothing told the
