@@ -46,7 +46,7 @@ def fresh_course(course: Path) -> Path:
 
 STUDENT_DATA = ["downloaded/ex2/archive/canvas.zip", "submitted/jane/ex2/ex2.ipynb", "autograded/jane/ex2/ex2.ipynb",
                 "feedback/jane/ex2/ex2.html", "feedback-upload/jane_ex2.html", "gradebook.db", "grades.csv",
-                "_build/release-gradebook.db", ".grading-secret"]
+                "grades-ex2-canvas.csv", "grades-ex2-moodle.csv", "_build/release-gradebook.db", ".grading-secret"]
 
 
 @pytest.mark.parametrize("path", STUDENT_DATA)
