@@ -198,21 +198,62 @@ def record(gradebook, course, assignment, student, result, points, release, repo
     scores = {t: (p if verdicts.get(t, {}).get("passed") is True else 0.0) for t, p in points.items()}
     report.scores[student] = scores
     report.messages[student] = {t: str(v.get("message"))[:2000] for t, v in verdicts.items() if not v.get("passed")}
+    fingerprint = submission_fingerprint(course, student, assignment)  # before grades: what was graded
     write_grades(gradebook, assignment, student, scores)
+    folder = course / "autograded" / student / assignment
+    for path in (course / "autograded", course / "autograded" / student, folder):
+        if path.is_symlink():
+            raise ValueError(f"{path} is a symbolic link: the grader writes no feedback through it")
+    if fingerprint is not None:
+        write_private(folder / GRADED_FROM, fingerprint + "\n")
     if ran is not None and feedback:
         shown = {t: {"passed": v.get("passed") is True,
                      "message": safe_message(v.get("message", ""), secrets=secrets, hidden_lines=hidden_lines)}
                  for t, v in verdicts.items()}
-        folder = course / "autograded" / student / assignment
-        for path in (course / "autograded", course / "autograded" / student, folder):
-            if path.is_symlink():
-                raise ValueError(f"{path} is a symbolic link: the grader writes no feedback through it")
         try:
             files = submission_files(course, student, assignment, release)
         except (OSError, ValueError):
             files = None
         write_private(folder / f"{assignment}.ipynb", json.dumps(feedback_notebook(ran, release, points, shown, files),
                                                                  indent=1))
+
+
+GRADED_FROM = ".graded-submission"  # in autograded/<student>/<assignment>/: what `record` graded
+
+
+def submission_fingerprint(course: Path, student: str, assignment: str) -> str | None:
+    """A SHA-256 of the student's submission folder as it is now (every file's name and bytes), or
+    None if it cannot be read: grading it again is decided by it, not by the gradebook alone."""
+    import hashlib
+    folder = course / "submitted" / student / assignment
+    digest = hashlib.sha256()
+    try:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
+            digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def graded_from(course: Path, student: str, assignment: str) -> str | None:
+    """The fingerprint of the submission a student was last graded from (None: not recorded)."""
+    path = course / "autograded" / student / assignment / GRADED_FROM
+    try:
+        return None if path.is_symlink() else path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def handed_in_again(course: Path, assignment: str, students: list[str]) -> list[str]:
+    """The graded `students` whose submission changed since it was graded (a collect of a later
+    download replaced it): they are graded again (instructor walkthrough 47b, B1: a re-submission
+    kept its old 0 and its old feedback page, exported to Canvas)."""
+    changed = []
+    for student in students:
+        before = graded_from(course, student, assignment)
+        if before is not None and before != submission_fingerprint(course, student, assignment):
+            changed.append(student)
+    return changed
 
 
 def visible_failures(ran: dict, verdicts: dict, points: dict) -> list[str]:

@@ -40,7 +40,7 @@ from pathlib import Path
 from grader import judge
 from grader import sandbox as sandboxing
 from grader.feedback import hidden_test_lines, seeds_of
-from grader.gradebook import (db_url, graded_students, instructor_secret, record, register, registered, submitters,
+from grader.gradebook import (db_url, graded_students, handed_in_again, instructor_secret, record, register, registered, submitters,
                               without_password)
 from grader.notebooks import (files_note, grade_id, normalised, part_of, read_notebook, read_submission, recovered,
                               source_text, student_code, submission_files)
@@ -69,6 +69,7 @@ class Report:
     seconds: dict = field(default_factory=dict)     # student -> wall-clock seconds of their grading
     unwritten: set = field(default_factory=set)     # not graded, and no grade written: the next run grades them
     skipped: list = field(default_factory=list)     # already graded before this run (no `regrade`)
+    again: list = field(default_factory=list)       # graded before, handed in again since: graded again
     feedback: bool = True                           # False: feedback notebooks left as they were
     workers: int = 0                                # students graded at a time
     wall_seconds: float = 0.0                       # the whole run
@@ -181,6 +182,8 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
         warnings.filterwarnings("ignore", category=SAWarning)
         if not regrade:
             done = graded_students(gradebook, assignment, points)
+            report.again = handed_in_again(course, assignment, [s for s in students if s in done])
+            done -= set(report.again)
             report.skipped = [s for s in students if s in done]
             students = [s for s in students if s not in done]
         runs = execute is True or bool(set(execute or ()) & set(students))  # a notebook run needs the release's course
@@ -411,4 +414,6 @@ def closing_line(assignment: str, report: Report) -> str:
     rate = f": {60 * count / seconds:.1f} students per minute" if count and seconds else ""
     skipped = (f"; {len(report.skipped)} already graded, left as they are (--regrade grades them again)"
                if report.skipped else "")
+    skipped += (f"; {len(report.again)} graded again, their submission changed since: {', '.join(report.again)}"
+                if report.again else "")
     return f"{assignment}: {count} students graded in {seconds:.0f} s, {report.workers} at a time{rate}{skipped}"

@@ -163,6 +163,17 @@ def test_grades_are_written_once_as_known_and_a_rerun_grades_only_who_has_none(t
     assert [s for s, _ in again.calls] == ["bob"] and second.skipped == ["ada", "cy", "dee"]
     assert gradebook.scores(course, ASSIGNMENT) == {s: expected(s) for s in STUDENTS}
 
+    # Instructor walkthrough 47b, B1: a re-submission collected after grading kept its old grade
+    submitted = course / "submitted" / "dee" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+    submitted.write_text(submitted.read_text().replace("{", "{\n", 1))  # handed in again
+    resubmitted = StandIn(release)
+    fourth = run(resubmitted)
+    assert [s for s, _ in resubmitted.calls] == ["dee"] and fourth.again == ["dee"]
+    assert fourth.skipped == ["ada", "bob", "cy"]
+    assert "graded again, their submission changed since: dee" in schedule.closing_line(ASSIGNMENT, fourth)
+    unchanged = StandIn(release)
+    assert run(unchanged).again == [] and unchanged.calls == []  # graded from what is there now
+
     page = course / "autograded" / "cy" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
     page.write_text('{"earlier": "feedback"}')
     only = StandIn({"cells": [], "metadata": {}})
