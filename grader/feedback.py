@@ -251,12 +251,17 @@ WRAP_STYLE = ("<style>/* grader: long lines wrapped */ div.input_area pre, div.o
 # nbgrader's template lists the scores as "Test cell (Score: 2.0 / 2.0)", four alike, and heads each
 # test cell "Grade cell: p1_tests", nbgrader's words (walkthrough 3, issue 48): the part's name
 # instead. Only the template's own markup matches: a student's text in the page is escaped.
+# nbgrader's template also loads MathJax from a CDN: a request to a third party each time a student
+# opens the page online (instructor walkthrough 47b, C5), for maths already turned into text here.
+MATHJAX = re.compile(r'<script src="https://cdnjs\.cloudflare\.com/ajax/libs/mathjax/[^"]*">\s*</script>'
+                     r'|<script type="text/x-mathjax-config">.*?</script>', re.S)
 SCORE_LINK = re.compile(r'<a href="#(p(\d+)_tests)">Test cell</a>')
 TEST_HEADING = re.compile(r'Grade cell: <code>p(\d+)_tests</code>')
 
 
 def finish_pages(course: Path, assignment: str, students: list[str]) -> None:
-    """Long lines wrapped and the test cells named by their part, in each student's page."""
+    """Long lines wrapped, the test cells named by their part and no MathJax from a CDN, in each
+    student's page."""
     for student in students:
         page = course / "feedback" / student / assignment / f"{assignment}.html"
         if page.is_file() and not any(p.is_symlink() for p in (page, page.parent, page.parent.parent)):
@@ -265,6 +270,7 @@ def finish_pages(course: Path, assignment: str, students: list[str]) -> None:
                 html = html.replace("</head>", WRAP_STYLE + "\n</head>", 1)
             html = SCORE_LINK.sub(lambda m: f'<a href="#{m[1]}">Part {m[2]}</a>', html)
             html = TEST_HEADING.sub(lambda m: f"Tests of Part {m[1]}", html)
+            html = MATHJAX.sub("", html)
             page.write_text(html, encoding="utf-8")
 
 

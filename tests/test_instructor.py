@@ -231,6 +231,24 @@ def test_a_part_graded_full_under_visible_tests_that_failed_in_the_run_says_why(
     assert notes["passed"].endswith("passed too.") and notes["not run"].endswith("bad inputs) passed.")
 
 
+def test_a_feedback_page_loads_nothing_and_names_its_parts(tmp_path):
+    """Instructor walkthrough 47b, C5: nbgrader's page loaded MathJax from a CDN each time a student
+    opened it online (the maths is text already); walkthrough 3: its test cells were "Test cell" and
+    "Grade cell: p1_tests". A student's own text that reads the same is escaped, and kept."""
+    page = tmp_path / "feedback" / "ada" / "ex" / "ex.html"
+    page.parent.mkdir(parents=True)
+    mine = "&lt;script src=&quot;https://cdnjs.cloudflare.com/ajax/libs/mathjax/x.js&quot;&gt;"
+    page.write_text('<html><head><script src="https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/latest.js?config=TeX">'
+                    ' </script>\n<script type="text/x-mathjax-config">\ninit_mathjax = 1;\n</script></head><body>'
+                    '<li><a href="#p1_tests">Test cell</a> (Score: 2.0 / 2.0)</li>'
+                    '<span class="nbgrader-label">Grade cell: <code>p1_tests</code></span>' + mine + "</body></html>")
+    feedback.finish_pages(tmp_path, "ex", ["ada"])
+    html = page.read_text()
+    assert "<script" not in html and "x-mathjax-config" not in html and mine in html
+    assert '<a href="#p1_tests">Part 1</a> (Score: 2.0 / 2.0)' in html and "Tests of Part 1" in html
+    assert feedback.WRAP_STYLE in html
+
+
 def test_the_feedback_reads_like_the_notebook_run_and_names_a_part_not_attempted():
     """Issue 47: the run's execution counts (none only where a cell did not run), no path of the
     grading machine in a traceback or warning, and "not attempted" for a part whose answer cells
@@ -580,6 +598,7 @@ def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
     assert "In&nbsp;[&nbsp;]" not in page and "In [ ]" not in page  # the run's counts
     assert ">Test cell</a>" not in page and "Grade cell:" not in page  # nbgrader's words (walkthrough 3)
     assert '<a href="#p1_tests">Part 1</a> (Score:' in page and "Tests of Part 1" in page
+    assert "cdnjs" not in page and "x-mathjax-config" not in page and "<script" not in page  # nothing loads (C5)
     assert "2⁻²⁵" in page and "$2^{-25}$" not in page  # maths readable offline, without MathJax
     if CHROMIUM:  # as a student sees it, offline: the verdict not cut, the code as written, no line cut
         seen = in_the_browser(course / "feedback-upload" / ASSIGNMENT / f"smithomar_223344_{ASSIGNMENT}.html")
