@@ -388,4 +388,6 @@ def remember(course: Path, assignment: str, lms: str, uploads: dict[str, tuple[P
         students[student] = {"lms_id": info["lms_id"], "user": info["user"], "name": info["name"],
                              "file": relative.as_posix(), "late": info["late"],
                              **({"prefix": info["prefix"]} if "prefix" in info else {})}
-    path.write_text(json.dumps({"lms": lms, "assignment": assignment, "students": students}, indent=1, ensure_ascii=False))
+    kept = {"column": known["column"]} if known.get("lms") == lms and "column" in known else {}  # export --column
+    path.write_text(json.dumps({"lms": lms, "assignment": assignment, "students": students, **kept}, indent=1,
+                               ensure_ascii=False))

@@ -70,8 +70,17 @@ def number(value: float) -> str:
 def export_grades(course: Path, assignment: str, lms: str, to: Path, url: str | None = None,
                   column: str | None = None) -> dict[str, float]:
     """The grades of `assignment` as `lms`'s grade import takes them, into `to`; {student: points}.
-    `column` (Canvas): the assignment's column header, default the assignment's name."""
+    `column` (Canvas): the assignment's column header, remembered for the next export (in
+    downloaded/<assignment>/lms.json: a re-export after a regrade that forgot it made Canvas create a
+    new column; instructor walkthrough 47b, K4); default the assignment's name."""
     students = collected(course, assignment, lms)
+    known_path = course / "downloaded" / assignment / LMS_FILE
+    known = json.loads(known_path.read_text())
+    if column and lms == "canvas" and known.get("column") != column:
+        known_path.write_text(json.dumps({**known, "column": column}, indent=1, ensure_ascii=False))
+    elif not column and lms == "canvas" and known.get("column"):
+        column = str(known["column"])
+        print(one_line(f"  column {column!r}, as the last export named it (--column to change it)"))
     graded = {s: sum(v for v in parts.values() if v is not None)
               for s, parts in scores(course, assignment, db_url(course, url)).items()}
     most = maximum(course, assignment)

@@ -466,6 +466,12 @@ def test_grades_and_feedback_go_back_in_the_files_each_lms_imports(registered_co
     assert f"NO FEEDBACK for {omar['student_id']}" in said and f"NO FEEDBACK for {bo['student_id']}" in said
     with pytest.raises(SystemExit, match="was not collected from"):
         main(["export", ASSIGNMENT, "--lms", "moodle" if lms == "canvas" else "canvas", "--course", str(course)])
+    if lms == "canvas":  # the column named once is the column of every later export (walkthrough 47b, K4)
+        main(["export", ASSIGNMENT, "--lms", lms, "--course", str(course), "--column", "Exercise 2 (4407)"])
+        main(["export", ASSIGNMENT, "--lms", lms, "--course", str(course)])
+        with open(course / f"grades-{ASSIGNMENT}-{lms}.csv", newline="", encoding="utf-8") as f:
+            assert list(csv.DictReader(f).fieldnames)[5:] == ["Exercise 2 (4407)"]
+        assert "column 'Exercise 2 (4407)', as the last export named it" in capsys.readouterr().out
 
 
 def test_the_nbgrader_export_leaves_an_assignment_never_handed_in_without_a_score(registered_course, tmp_path, capsys):
