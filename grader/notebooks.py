@@ -192,6 +192,9 @@ def parse_notebook(data: bytes) -> dict:
         raise ValueError(f"the notebook holds more than {NOTEBOOK_VALUES:,} JSON values, more than a "
                          "notebook needs: clear its outputs (Jupyter: Edit, Clear Outputs of All Cells) "
                          "and hand it in again")
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # red team 45h, A03: an editor's "Unicode" (UTF-16) save
+        raise ValueError("the file is UTF-16 text, which Jupyter does not open: open the notebook in Jupyter "
+                         "or Colab, save it there (UTF-8) and hand it in again")
     try:
         nb = json_data(data.decode(errors="replace").removeprefix("\ufeff"))  # a byte-order mark: Notepad's
     except RecursionError:

@@ -305,6 +305,8 @@ def test_malformed_submissions_are_refused_clearly_not_with_a_crash(tmp_path):
     for data in (b"\xef\xbb\xbf" + json.dumps(good).encode(), json.dumps(good, indent=1).replace("\n", "\r\n").encode(),
                  json.dumps(older).encode()):
         assert notebooks.parse_notebook(data)["cells"] == [cell]
+    with pytest.raises(ValueError, match="UTF-16 text, which Jupyter does not open"):  # red team 45h, A03
+        notebooks.parse_notebook(json.dumps(good).encode("utf-16"))
     for change, reason in ((("metadata", []), "cell 1's metadata is not an object"),
                            (("metadata", None), "cell 1's metadata is not an object"),
                            (("metadata", {"nbgrader": "x"}), "cell 1's nbgrader metadata is not an object"),
