@@ -198,7 +198,7 @@ def record(gradebook, course, assignment, student, result, points, release, repo
     scores = {t: (p if verdicts.get(t, {}).get("passed") is True else 0.0) for t, p in points.items()}
     report.scores[student] = scores
     report.messages[student] = {t: str(v.get("message"))[:2000] for t, v in verdicts.items() if not v.get("passed")}
-    fingerprint = submission_fingerprint(course, student, assignment)  # before grades: what was graded
+    fingerprint = submission_fingerprint(course, student, assignment)  # as it is when the grade is written
     write_grades(gradebook, assignment, student, scores)
     folder = course / "autograded" / student / assignment
     for path in (course / "autograded", course / "autograded" / student, folder):

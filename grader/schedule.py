@@ -40,8 +40,8 @@ from pathlib import Path
 from grader import judge
 from grader import sandbox as sandboxing
 from grader.feedback import hidden_test_lines, seeds_of
-from grader.gradebook import (db_url, graded_students, handed_in_again, instructor_secret, record, register, registered, submitters,
-                              without_password)
+from grader.gradebook import (db_url, graded_students, handed_in_again, instructor_secret, record, register,
+                              registered, submitters, without_password)
 from grader.notebooks import (files_note, grade_id, normalised, part_of, read_notebook, read_submission, recovered,
                               source_text, student_code, submission_files)
 from grader.review_flags import ANSWER_CHARS, review_flags
@@ -284,7 +284,7 @@ def grade_student(course, assignment, student, template, source, release, secret
         for part, why in record_flags(jobs[1][1], records["student"]).items():
             flags[part] = sorted({*flags.get(part, []), *why})
         try:
-            return test_cell_names(judge.judge(records["reference"], records["student"]), source), ran, None, note, flags
+            return with_test_cell_names(judge.judge(records["reference"], records["student"]), source), ran, None, note, flags
         except judge.ReferenceProblem as error:
             return None, ran, f"the instructor's reference solution fails its own tests: {error}", note, flags
 
@@ -301,7 +301,7 @@ TEST_CELL_NAME = (" ({name} is set by a test cell: graded, the test cells run ap
                   "which does not see their names; set it in a cell of your own)")
 
 
-def test_cell_names(verdicts: dict, source: dict) -> dict:
+def with_test_cell_names(verdicts: dict, source: dict) -> dict:
     """The verdicts, where a part failed because the answer read a name only a test cell sets
     (`OVERFLOW_FROM`, Part 1's test cell): said so in its message. In the notebook it worked; graded,
     the tests run in a namespace of their own (walkthrough 4, D1: the message blamed other inputs)."""

@@ -433,7 +433,7 @@ def test_an_answer_that_reads_a_name_a_test_cell_sets_is_told_so():
     setters = [notebooks.grade_id(c) for c in source["cells"] if "OVERFLOW_FROM" in runs.defined_names(notebooks.source_text(c))]
     assert setters and all("_tests" in (g or "") for g in setters), setters
     answer = fabricate.solution_cells(name)["p2_solution"] + wrapped("min_loss_scale", "assert OVERFLOW_FROM > 0")
-    verdicts = schedule.test_cell_names(hidden_verdicts(name, with_cells(name, {"p2_solution": answer}, [])), source)
+    verdicts = schedule.with_test_cell_names(hidden_verdicts(name, with_cells(name, {"p2_solution": answer}, [])), source)
     assert not verdicts["p2_tests"]["passed"] and verdicts["p1_tests"]["passed"]
     assert schedule.TEST_CELL_NAME.format(name="OVERFLOW_FROM") in verdicts["p2_tests"]["message"], verdicts["p2_tests"]
 
