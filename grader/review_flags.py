@@ -99,6 +99,10 @@ SUSPECT_NAMES = {
 # 10; A05: the checker's secret and the runner's frames read, both unflagged). Such text is put
 # together here as Python would, and read as if written. (Text computed in other ways is not.)
 ATTRIBUTE_CALLS = {"getattr", "setattr", "delattr", "hasattr"}
+# Plain text is read for the names no honest text holds ("getprofile", "cell_contents", "__closure__"),
+# not for words ("signal", "link", "mpcourse") that a printed label may: k = "getprofile"; getattr(sys, k)
+UNMISTAKABLE = {"getprofile", "gettrace", "setprofile", "settrace", "currentframe", "CompilationUnit", "CodeType",
+                "FunctionType", "get_referrers", "get_objects"}
 FOLDED_CHARS = 10_000  # the longest text put together (a cell's own text is bounded by PARSED_CHARS)
 SUSPECT_TEXT = {"/proc": "reads /proc", "/dev/fd": "reads file descriptors", "/sys": "reads /sys",
                 "gradebook": "mentions the gradebook", ".db": "mentions a database file", "sqlite": "opens databases",
@@ -145,19 +149,21 @@ def module_flags(name: str) -> set[str]:
     return found
 
 
-def name_flags(text: str) -> set[str]:
+def name_flags(text: str, unmistakable: bool = False) -> set[str]:
     """Why to read an answer that names `text` (an attribute's or a module's name, or text that
-    holds such names): the flags each identifier in it would raise, written out."""
+    holds such names): the flags each identifier in it would raise, written out (`unmistakable`:
+    only names that hold an underscore, or are in UNMISTAKABLE)."""
     found = set()
     for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text[:FOLDED_CHARS]):
-        found |= {why for why in (SUSPECT_NAMES.get(word), SUSPECT_CALLS.get(word)) if why}
+        if not unmistakable or "_" in word or word in UNMISTAKABLE:
+            found |= {why for why in (SUSPECT_NAMES.get(word), SUSPECT_CALLS.get(word)) if why}
     return found
 
 
 def folded(node) -> str | None:
     """The text an expression puts together from two or more literal pieces ("get" + "pro" + "file",
     "".join(["f_lo", "cals"]), f"{'cell_'}contents"), or None: one that reads a variable, or is one
-    literal only (read as written already)."""
+    literal only (read by `name_flags(..., unmistakable=True)`)."""
     def text(n, depth=0):
         if depth > 50:
             return None
@@ -222,6 +228,8 @@ def review_flags(submission: dict, source: dict | None = None) -> dict[str, list
                     first = node.args[0]
                     named = isinstance(first, ast.Constant) and isinstance(first.value, str)
                     found |= module_flags(first.value) if named else {"imports a module whose name is built at run time"}
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found |= name_flags(node.value, unmistakable=True)  # k = "getprofile"; getattr(sys, k)
             pieces = folded(node)
             if pieces is not None:  # "get" + "profile": text put together from pieces, read as written
                 found |= name_flags(pieces) | {why for needle, why in SUSPECT_TEXT.items() if needle in pieces}

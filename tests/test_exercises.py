@@ -624,13 +624,15 @@ def test_attributes_reached_by_a_name_built_at_run_time_and_sys_modules_are_flag
                  'k = f"{\'getpro\'}file"\n'):
         assert profiler in flags_of(code), code
     assert closure in flags_of('v = getattr(c, "cell_" + "contents", None)\n')
+    assert profiler in flags_of('k = "getprofile"\nw = getattr(_s, k)()\n')  # the name in a variable
+    assert closure in flags_of('k = "__closure__"\n')
     assert "reads the call stack" in flags_of('f = getattr(sys, "_get" + "frame")()\nl = getattr(f, "f_lo" + "cals")\n')
     library = flags_of('g = sys.modules["mp" + "course.grad" + "ing"]\n')
     assert any("sys.modules" in why for why in library) and any(why.startswith("uses the course library") for why in library)
     assert "reads /proc" in flags_of('p = "/pr" + "oc/self/maps"\n')
     for honest in ('d = getattr(r, "dtype", None)\n', "m = [p for p in model.modules()]\n", "n = len(x.shape)\n",
                    "setattr(parent, name, StableSoftmax())\n", 'print("loss: " + str(x) + " at step " + f"{i}")\n',
-                   'label = "FP" + "16 " + "gradient"\n'):
+                   'label = "FP" + "16 " + "gradient"\n', 'print("the signal, the link and mpcourse\'s system")\n'):
         assert flags_of(honest) == [], honest
 
 
