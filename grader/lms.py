@@ -75,8 +75,8 @@ def export_grades(course: Path, assignment: str, lms: str, to: Path, url: str | 
     new column; instructor walkthrough 47b, K4); default the assignment's name."""
     students = collected(course, assignment, lms)
     known_path = course / "downloaded" / assignment / LMS_FILE
-    known = json.loads(known_path.read_text())
-    if column and lms == "canvas" and known.get("column") != column:
+    known = json.loads(known_path.read_text()) if known_path.is_file() else {}
+    if column and lms == "canvas" and known and known.get("column") != column:
         known_path.write_text(json.dumps({**known, "column": column}, indent=1, ensure_ascii=False))
     elif not column and lms == "canvas" and known.get("column"):
         column = str(known["column"])
