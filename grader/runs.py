@@ -235,6 +235,20 @@ def used_names(source: str) -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=256)
+def cell_table(source: str) -> symtable.SymbolTable | None:
+    """The symbol table of a cell as the runner reads it, or None where it cannot be built. Only read,
+    never changed: the table is shared (used_names and bound_names ask about the same cells)."""
+    tree = parsed(source)
+    if tree is None:
+        return None
+    try:
+        with PARSING:
+            return symtable.symtable(ast.unparse(tree), "<cell>", "exec")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+@functools.lru_cache(maxsize=256)
 def _used_names(source: str) -> frozenset[str]:
     """The names a cell may read from the notebook's globals: every name at the top level, and in a
     function, class, lambda or comprehension only the names it reads as globals, not its parameters
@@ -244,10 +258,8 @@ def _used_names(source: str) -> frozenset[str]:
     if tree is None:
         return frozenset()
     everything = frozenset(n.id for n in ast.walk(tree) if isinstance(n, ast.Name))
-    try:
-        with PARSING:
-            top = symtable.symtable(ast.unparse(tree), "<cell>", "exec")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    top = cell_table(source)
+    if top is None:
         return everything  # read it all, as before
     used, tables = {s.get_name() for s in top.get_symbols()}, list(top.get_children())
     while tables:
@@ -261,13 +273,8 @@ def bound_names(source: str) -> frozenset[str]:
     """The names a cell binds at its top level (assigned, imported, defined, loop targets): a test cell's
     own `seed = ...` needs no earlier cell that sets `seed` (walkthrough 4: ex7 Part 4's test cell
     sets `seed`, so a student's slow Part 2 try-out that also set `seed` ran with Part 4's tests)."""
-    tree = parsed(source) if not not_parsed(source) else None
-    if tree is None:
-        return frozenset()
-    try:
-        with PARSING:
-            top = symtable.symtable(ast.unparse(tree), "<cell>", "exec")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    top = None if not_parsed(source) else cell_table(source)
+    if top is None:
         return frozenset()
     return frozenset(s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported() or s.is_namespace())
 
