@@ -179,9 +179,11 @@ def instructor_secret(course: Path) -> str:
 
 
 def record(gradebook, course, assignment, student, result, points, release, report, *, secrets, hidden_lines,
-           feedback=True):
+           feedback=True, fingerprint=None):
     """Write one student's points to the gradebook, their feedback notebook to autograded/ (unless
-    not `feedback`: the one there stays) and what the instructor must know to `report`."""
+    not `feedback`: the one there stays) and what the instructor must know to `report`.
+    `fingerprint`: submission_fingerprint taken before the submission was read for grading (a
+    submission replaced while it was graded is then graded again on the next run); None: taken now."""
     verdicts, ran, problem, note, flags = result
     verdicts = verdicts or {}
     if flags:
@@ -198,7 +200,8 @@ def record(gradebook, course, assignment, student, result, points, release, repo
     scores = {t: (p if verdicts.get(t, {}).get("passed") is True else 0.0) for t, p in points.items()}
     report.scores[student] = scores
     report.messages[student] = {t: str(v.get("message"))[:2000] for t, v in verdicts.items() if not v.get("passed")}
-    fingerprint = submission_fingerprint(course, student, assignment)  # as it is when the grade is written
+    if fingerprint is None:
+        fingerprint = submission_fingerprint(course, student, assignment)
     write_grades(gradebook, assignment, student, scores)
     folder = course / "autograded" / student / assignment
     for path in (course / "autograded", course / "autograded" / student, folder):

@@ -41,7 +41,7 @@ from grader import judge
 from grader import sandbox as sandboxing
 from grader.feedback import hidden_test_lines, seeds_of
 from grader.gradebook import (db_url, graded_students, handed_in_again, instructor_secret, record, register,
-                              registered, submitters, without_password)
+                              registered, submission_fingerprint, submitters, without_password)
 from grader.notebooks import (files_note, grade_id, normalised, part_of, read_notebook, read_submission, recovered,
                               source_text, student_code, submission_files)
 from grader.review_flags import ANSWER_CHARS, review_flags
@@ -193,10 +193,11 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
         references = reference_records(Path(scratch) / "references", source, secrets, timeout, sandbox, workers,
                                        progress) if students else {}
         with ThreadPoolExecutor(workers) as pool, progress_bar(assignment, len(students), progress) as bar:
-            started = {}
+            started, fingerprints = {}, {}
 
             def timed(student):
                 started[student] = time.monotonic()
+                fingerprints[student] = submission_fingerprint(course, student, assignment)  # before it is read
                 try:
                     return grade_student(course, assignment, student, template, source, release,
                                          secrets[student], timeout, sandbox,
@@ -216,7 +217,8 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
                         try:
                             record(gradebook, course, assignment, student, result, points, release, report,
                                    secrets=[secret, secrets[student], *seeds_of(secrets[student])],
-                                   hidden_lines=hidden_lines, feedback=feedback)
+                                   hidden_lines=hidden_lines, feedback=feedback,
+                                   fingerprint=fingerprints.get(student))
                         except Exception as error:  # noqa: BLE001  e.g. the database stayed busy
                             unrecorded(report, gradebook, assignment, points, student, error)
                     bar.set_postfix(not_graded=len(report.not_graded), refresh=False)

@@ -174,6 +174,13 @@ def test_grades_are_written_once_as_known_and_a_rerun_grades_only_who_has_none(t
     unchanged = StandIn(release)
     assert run(unchanged).again == [] and unchanged.calls == []  # graded from what is there now
 
+    # Handed in again while being graded: the grade is the earlier submission's, so the next run grades again
+    def hands_in_meanwhile(student):
+        submitted.write_text(submitted.read_text().replace("{", "{\n", 1))
+    run(StandIn(release, wait=hands_in_meanwhile), students=["dee"], regrade=True)
+    meanwhile = StandIn(release)
+    assert run(meanwhile).again == ["dee"] and [s for s, _ in meanwhile.calls] == ["dee"]
+
     page = course / "autograded" / "cy" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
     page.write_text('{"earlier": "feedback"}')
     only = StandIn({"cells": [], "metadata": {}})
