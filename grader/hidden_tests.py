@@ -185,7 +185,10 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
         exec(compile(part["test"], f"<tests of {part['test_id']}>", "exec"), tests)
         record = {"observations": observations, "stopped": None}
     except BaseException as error:  # noqa: BLE001
-        record = {"observations": observations, "stopped": "; then ".join(stopped + [describe(error)])}
+        said, raised = describe(error), grading.raised_in  # the call own_work made, if it raised this
+        if type(raised) is tuple and len(raised) == 2 and raised[0] is error and type(raised[1]) is str:
+            said = f"{raised[1][:300]} raised {said}"  # plain data only: no method of the student's runs here
+        record = {"observations": observations, "stopped": "; then ".join(stopped + [said])}
     try:
         text = json.dumps(record)
     except (TypeError, ValueError, RecursionError):

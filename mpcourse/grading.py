@@ -80,6 +80,7 @@ _parts_passed: list[str] = []
 _forbidden: set[str] = set()   # names of torch functions the current part may not call
 _secret = ""                   # set by the hidden-test runner only
 _observations: list | None = None  # set by the hidden-test runner: record what happened, decide nothing
+raised_in: tuple | None = None  # (exception, call) of the last call own_work made that raised
 
 
 def seed(n: int) -> int:
@@ -272,10 +273,15 @@ def own_work(function, *args, **kwargs):
     `mpcourse`'s reference implementation (the exercise asks for one built from NumPy/torch), a
     torch function the part forbids (`start(part, forbidden=...)`), or returned a subclass of a
     plain type (a float whose == is always true, say)."""
+    global raised_in
     if not callable(function):
         raise AssertionError(f"expected a function, got {type(function).__name__}")
-    with _watch_calls_into(_PACKAGE_DIR, _THIS_FILE) as calls:
-        result = function(*args, **kwargs)
+    try:
+        with _watch_calls_into(_PACKAGE_DIR, _THIS_FILE) as calls:
+            result = function(*args, **kwargs)
+    except Exception as error:
+        raised_in = (error, call_text(function, *args, **kwargs))  # the runner names the call (walkthrough 5)
+        raise
     name = getattr(function, "__name__", "your code")
     if _observations is not None:  # graded: the judge decides (grader/judge.py)
         _observations.append({"check": "own_work", "what": name, "calls": sorted(set(calls))[:5]})

@@ -677,6 +677,19 @@ def test_a_try_out_line_that_fails_outside_the_notebook_does_not_cost_a_later_pa
     assert not verdict["passed"]
 
 
+def test_a_graded_function_that_raises_is_named_with_the_call_the_tests_made():
+    """Walkthrough 5, D1: a hidden test's valid input made the student's function raise, and the
+    message said only `ValueError: n must be ...`, not which call; the students' page promises the call."""
+    setup = SETUP + "from mpcourse import grading\n"
+    answer = "def draws(n, low):\n    if not isinstance(n, int):\n        raise ValueError(f'n must be an int, got {n!r}')\n    return [low] * n\n"
+    test = "assert grading.own_work(draws, 2, 1.0) == [1.0, 1.0]\ngrading.own_work(draws, np.int64(3), 1.0)\n"
+    verdict = run_job(setup, [["p2_solution", answer]], test, ["draws"])
+    assert verdict["message"] == "draws(np.int64(3), 1.0) raised ValueError: n must be an int, got np.int64(3)", verdict
+    # an error the tests raise themselves, after a call that raised and was caught, names no call
+    caught = "try:\n    grading.own_work(draws, 2.5, 1.0)\nexcept ValueError:\n    pass\nassert False, 'the tests said so'\n"
+    assert run_job(setup, [["p2_solution", answer]], caught, ["draws"])["message"] == "AssertionError: the tests said so"
+
+
 def test_a_future_import_holds_for_the_statements_and_cells_after_it_as_in_a_notebook():
     """Red team 45g, A06: each statement is compiled on its own, so `from __future__ import
     annotations` at the top of an answer cell no longer held for the class below it; a method
