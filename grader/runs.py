@@ -115,6 +115,19 @@ class BrokenEnvironment(RuntimeError):
 
 
 ENVIRONMENT_CHECKED: set = set()  # (sandbox, ROOT) found able to grade in this process
+# The check costs a sandboxed Python importing torch and nbgrader, about 5 s of CPU, at the start of
+# every `python -m grader grade` (instructor walkthrough 47b, K2): its success is kept in the
+# environment, for the same repository, sandbox setting and installed packages (environment_key).
+CHECKED_STAMP = ".mpcourse-grading-checked"
+
+
+def environment_key(sandbox: bool) -> str:
+    """What the check's success holds for: the Python, the repository, the sandbox setting, and when
+    each folder of installed packages (and the course library) last changed (pip changes them)."""
+    import site
+    folders = [*site.getsitepackages(), ROOT / "mpcourse"]
+    changed = [f"{folder}:{Path(folder).stat().st_mtime_ns if Path(folder).exists() else None}" for folder in folders]
+    return "\n".join([sys.executable, str(ROOT), str(sandbox), *changed]) + "\n"
 
 
 def environment_problem(sandbox: bool) -> str | None:
@@ -129,12 +142,23 @@ def environment_problem(sandbox: bool) -> str | None:
         return (f"the course library is installed in the Python environment itself ({installed}), which every "
                 "sandbox shows: a student's sandbox could read there the functions grading withholds from it "
                 "(grader/withheld.py). Install it editable (pip install -e .) or not at all")
+    stamp, key = Path(sys.prefix) / CHECKED_STAMP, environment_key(sandbox)
+    try:
+        if stamp.read_text() == key:  # checked by an earlier command, and nothing installed since
+            ENVIRONMENT_CHECKED.add((sandbox, ROOT))
+            return None
+    except OSError:
+        pass
     with tempfile.TemporaryDirectory(prefix="grading-check-") as scratch:
         (Path(scratch) / "work").mkdir()
         run = run_sandboxed(["python", "-c", check], folder=Path(scratch), limits=sandboxing.Limits(180, 180),
                             sandbox=sandbox)
     if run.returncode == 0:
         ENVIRONMENT_CHECKED.add((sandbox, ROOT))
+        try:
+            stamp.write_text(key)
+        except OSError:  # an environment the instructor cannot write to: checked again next time
+            pass
         return None
     lines = (run.stderr or run.stdout).strip().splitlines() or [f"it was stopped ({run.killed or 'no message'})"]
     return (f"inside the sandbox, the course's Python ({sys.executable}) cannot run `{check}`: {lines[-1]}. "

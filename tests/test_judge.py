@@ -11,6 +11,7 @@ import json
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -396,3 +397,25 @@ def test_grading_refuses_an_environment_that_holds_a_copy_of_the_whole_library(t
     monkeypatch.setattr(site, "getsitepackages", lambda: [str(tmp_path)])
     monkeypatch.setattr(runs, "ENVIRONMENT_CHECKED", set())
     assert "installed in the Python environment itself" in runs.environment_problem(True)
+
+
+def test_the_environment_is_checked_once_until_something_is_installed(tmp_path, monkeypatch):
+    """Instructor walkthrough 47b, K2: every `python -m grader grade` ran the sandboxed import check
+    again (about 5 s of CPU); its success is kept, for as long as the installed packages are the same."""
+    import site
+    packages = tmp_path / "site-packages"
+    packages.mkdir()
+    monkeypatch.setattr(site, "getsitepackages", lambda: [str(packages)])
+    monkeypatch.setattr(runs, "CHECKED_STAMP", str(tmp_path / "checked"))  # absolute: not in the real environment
+    checks = []
+    monkeypatch.setattr(runs, "run_sandboxed", lambda command, **kw: checks.append(command) or
+                        types.SimpleNamespace(returncode=0, stdout="", stderr="", killed=""))
+
+    def fresh_process():
+        monkeypatch.setattr(runs, "ENVIRONMENT_CHECKED", set())
+        return runs.environment_problem(True)
+
+    assert fresh_process() is None and fresh_process() is None and len(checks) == 1
+    (packages / "newly_installed").mkdir()  # pip changes the folder
+    assert fresh_process() is None and len(checks) == 2
+    assert runs.environment_problem(False) is None and len(checks) == 3  # another setting: its own check
