@@ -1,6 +1,6 @@
 """grader: grading the course's exercises so that students cannot fool it (the instructor guide,
 book/instructor_guide.md, says what a grade proves). One command line, run from the repository
-root: `python -m grader collect|grade|prepare|pack-feedback|export|release|check|demo ...`.
+root: `python -m grader collect|grade|results|prepare|pack-feedback|export|release|check|demo ...`.
 
 A submission's path, one way through the package, and the side each module is on:
 
@@ -18,6 +18,7 @@ A submission's path, one way through the package, and the side each module is on
     gradebook      grades written as soon as known, exported; the secret           never runs student code
     schedule       a class, every core, shards: one student's path, in order       never runs student code
     feedback       the feedback notebook rebuilt from data, pages, packing         never runs student code
+    results        the class's scores and report, read back from the gradebook     never runs student code
     feedback_page  how a verdict and the maths read                                never runs student code
     lms            grades and feedback back into Canvas or Moodle, as each imports  never runs student code
 

@@ -6,6 +6,9 @@ run every submission in sandboxes (grader/runs.py).
     python -m grader grade ASSIGNMENT ... [--course DIR] [--no-sandbox] [--jobs N] [--student ID ...]
             [--regrade] [--no-feedback] [--shard K/N] [--db-url URL] [--timeout S]
                                       # grade a real course (grader/schedule.py), then feedback
+    python -m grader results ASSIGNMENT ... [--course DIR] [--db-url URL]
+                                      # the whole class's scores per part and report, from the
+                                      # gradebook (after shards too: grader/results.py)
     python -m grader prepare ASSIGNMENT ... [--course DIR] [--db-url URL]
                                       # once, before `grade --shard K/N` on several machines
     python -m grader pack-feedback ASSIGNMENT ... [--course DIR] [--out DIR] [--lms canvas|moodle]
@@ -23,7 +26,7 @@ run every submission in sandboxes (grader/runs.py).
 
 Run it from the repository root (the package is not installed: `mpcourse` is what students get).
 Every command runs the real `nbgrader` command line in a course directory: `--course` (default:
-the current folder) for collect, grade, prepare, pack-feedback and export; the repository root for
+the current folder) for collect, grade, results, prepare, pack-feedback and export; the repository root for
 `release`; a scratch copy of it for `check` and `demo`.
 """
 import argparse
@@ -33,9 +36,9 @@ import warnings
 from pathlib import Path
 
 from grader import course, gradebook, schedule
-from grader.report import one_line, print_report, print_table
+from grader.report import one_line, plural, print_report, print_table
 
-COMMANDS = ["collect", "grade", "prepare", "pack-feedback", "export", "release", "check", "demo"]
+COMMANDS = ["collect", "grade", "results", "prepare", "pack-feedback", "export", "release", "check", "demo"]
 
 
 def grade_course(folder: Path, assignment: str, timeout: int, sandbox: bool, **options) -> None:
@@ -61,7 +64,7 @@ def grade_course(folder: Path, assignment: str, timeout: int, sandbox: bool, **o
 def prepare(folder: Path, assignment: str, url: str | None) -> None:
     """Before shards start: the gradebook's schema, the assignment and its students, once."""
     students = gradebook.prepare(folder, assignment, url)
-    print(f"{assignment} and {len(students)} students in {gradebook.without_password(gradebook.db_url(folder, url))}: "
+    print(f"{assignment} and {plural(len(students), 'student')} in {gradebook.without_password(gradebook.db_url(folder, url))}: "
           f"start the shards (python -m grader grade {assignment} --shard K/N ...)")
 
 
@@ -94,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
                         help="grade: this machine's share of N (the students whose int(sha256(id), 16) %% N == K-1), "
                              "into a shared gradebook that `prepare` made")
     parser.add_argument("--db-url", default=None,
-                        help="grade, prepare, export: the gradebook (e.g. postgresql+psycopg://grader@host/course); "
+                        help="grade, results, prepare, export: the gradebook (e.g. postgresql+psycopg://grader@host/course); "
                              "default: the course's c.CourseDirectory.db_url, else its gradebook.db")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="grade without bubblewrap: DANGEROUS, a submission can then change other "
@@ -131,6 +134,13 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(f"python -m grader grade {name}: {error}")  # a sentence, not a traceback
             except OperationalError as error:
                 sys.exit(f"python -m grader grade {name}: the gradebook cannot be reached: {error.orig}")
+    elif args.command == "results":
+        from grader.results import print_results
+        for name in args.assignments or cli.error("results: name the assignments"):
+            try:
+                print_results(args.course.resolve(), name, args.db_url)
+            except OperationalError as error:
+                sys.exit(f"python -m grader results {name}: the gradebook cannot be reached: {error.orig}")
     elif args.command == "prepare":
         for name in args.assignments or cli.error("prepare: name the assignments"):
             try:
@@ -175,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"python -m grader export: {error}")
         print(f"grades of every assignment and student in {to}")
         if never:
-            print(f"  {len(never)} rows left without a score: assignments never handed in, "
+            print(f"  {plural(len(never), 'row')} left without a score: assignments never handed in, "
                   f"e.g. {never[0][0]} of {never[0][1]}")
     else:
         from grader import rehearsal

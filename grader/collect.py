@@ -45,6 +45,7 @@ import re
 import shutil
 import subprocess
 import sys
+import unicodedata
 import zipfile
 from pathlib import Path, PurePosixPath
 
@@ -52,8 +53,8 @@ from nbgrader.plugins import FileNameCollectorPlugin
 
 from grader.course import BIN, ROOT
 from grader.gradebook import STUDENT_ID_CHARS
-from grader.notebooks import NOTEBOOK_BYTES, as_handed_out, handed_out_among, read_notebook, read_regular
-from grader.report import one_line, printable
+from grader.notebooks import LMS_FILE, NOTEBOOK_BYTES, as_handed_out, handed_out_among, read_notebook, read_regular
+from grader.report import one_line, plural, printable
 
 CANVAS = re.compile(r"^(?P<person>[\w.\-]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<submission>\d+)_(?P<name>.+)$",
                     re.I)  # \w: a name may hold any letter (müllerjürgen)
@@ -98,11 +99,21 @@ def canvas(relative: Path) -> dict | None:
     student = f"{match['person'].lower()}_{match['user']}"
     return {"student_id": gradebook_id(student), "lms_id": student, "late": bool(match["late"]),
             "order": (int(match["submission"]), upload_number(match["name"])),
-            "user": match["user"], "name": match["person"], "prefix": relative.name[:match.start("name")]}
+            "user": match["user"], "name": match["person"], "prefix": relative.name[:match.start("name")],
+            "uploaded": match["name"]}
 
 
 def moodle_student(match) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", match["person"].lower()).strip("_") + f"_{match['user']}"
+    """`jane_doe_12345`: Moodle's full name, lower-cased, with its letters, marks and digits in any
+    script (`ana_garcía_5501004`, `иван_петров_5501007`; instructor walkthrough 47b, C3: every
+    letter outside a-z was dropped), `-` kept, and every other character (a space, `/`, `,`, which
+    nbgrader's lists of ids split at, `*`, `?`, `[`, which its paths glob, `.`, which hides a
+    folder) a `_`; then the participant number. Written in Unicode's composed form (NFC), so that
+    a download whose names are decomposed (`e` and a combining accent, as macOS writes them) gives
+    the same id: the same student is the same id on every collect."""
+    person = unicodedata.normalize("NFC", unicodedata.normalize("NFC", match["person"]).lower())
+    kept = "".join(c if unicodedata.category(c)[0] in "LMN" or c in "-_" else "_" for c in person)
+    return re.sub(r"_+", "_", kept).strip("_-") + f"_{match['user']}"
 
 
 def moodle(relative: Path) -> dict | None:
@@ -125,7 +136,8 @@ def moodle(relative: Path) -> dict | None:
         return None
     return {"student_id": gradebook_id(owner), "lms_id": owner, "late": False,
             "order": (0, upload_number(own["name"] if own else relative.name)),
-            "user": person["user"], "name": person["person"]}
+            "user": person["user"], "name": person["person"],
+            "uploaded": own["name"] if own and own["name"] else relative.name}
 
 
 def own_name(relative: Path, assignment: str) -> bool:
@@ -308,24 +320,56 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
         info = parse(Path(name))
         return info.get("student_id") if info else None
 
-    logged = [line.split("] ", 1)[-1] for line in log.splitlines()
+    logged = [counted(line.split("] ", 1)[-1]) for line in log.splitlines()
               if ("LATE:" in line or "LONG ID:" in line or "skipped" in line.lower())
               and "Skipped submission with no match information" not in line]  # nbgrader's, after each of ours
     print_notes([(whose(name), f"skipped {name}: {why}") for name, why in skipped.items()] +
                 [(line.split(": skipped ", 1)[0] if ": skipped " in line and " " not in line.split(": skipped ", 1)[0]
                   else None, line) for line in logged])
     students = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
-    print(one_line(f"{len(students)} submissions of {assignment} in {course / 'submitted'}: {', '.join(students)}"))
+    print(one_line(f"{plural(len(students), 'submission')} of {assignment} in {course / 'submitted'}: {', '.join(students)}"))
     chosen = latest_uploads(archive, parse, release=release_of(course, assignment))
     remember(course, assignment, lms, {student: upload for student, upload in chosen.items() if student in students})
     uploaders = {info["student_id"] for name in skipped if (info := parse(Path(name))) and info["student_id"]}
     for student in sorted(uploaders - set(students)):  # e.g. a notebook handed in zipped
         print(one_line(f"  NOT COLLECTED {student}: uploaded files, none of them a notebook (see the skipped lines): "
                         "ask them for the .ipynb, or put it in submitted/ by hand"))
-    for student, files in sorted(refused_owners(archive, parse).items()):
+    refused = refused_owners(archive, parse)
+    for student, files in sorted(refused.items()):
         if student not in students and student not in uploaders:
             print(one_line(f"  NOT COLLECTED {student}: their only notebook(s) were refused ({'; '.join(files)}): "
                             f"if one is theirs, put it in submitted/{student}/{assignment}/{assignment}.ipynb by hand"))
+    for student in sorted((uploaders | set(refused)) & set(students) - set(chosen)):
+        print(one_line(f"  NOT COLLECTED {student}: no notebook of theirs in this download was collected (see the "
+                       "skipped lines); the submission collected earlier stays in submitted/, and is graded"))
+    print_absent(course, assignment, sorted(set(students) - set(chosen) - uploaders - set(refused)))
+
+
+def print_absent(course: Path, assignment: str, absent: list[str]) -> None:
+    """Names the students whose submission in submitted/ this download does not hold (instructor
+    walkthrough 47b, C2: a Moodle download collected into a course that held a Canvas class's
+    left the six Canvas students there, silently, to be graded and exported with the Moodle ones).
+    Their folders stay: a collect never removes a submission (it may be one put there by hand)."""
+    if not absent:
+        return
+    graded = [s for s in absent if (course / "autograded" / s / assignment).is_dir()]
+    print(one_line(f"  NOT IN THIS DOWNLOAD: {plural(len(absent), 'student')} with a submission of {assignment} in "
+                   f"submitted/ that this download does not hold (an earlier download's, or one put there by hand), "
+                   f"kept, and graded and exported with the others: {', '.join(absent)}"))
+    if graded:
+        print(one_line(f"    {plural(len(graded), 'of them has', 'of them have')} a grade already: {', '.join(graded)}"))
+    print(one_line(f"    If they left the course or belong to another class, move their folders out of the course before "
+                   f"grading (mv submitted/<student>/{assignment} <elsewhere>), then collect again; to start over with "
+                   "this download alone, see the instructor guide, \"Starting over\""))
+
+
+NBGRADER_COUNTS = re.compile(r"^(\d+) files collected, (\d+) files skipped$")
+
+
+def counted(line: str) -> str:
+    """nbgrader's `6 files collected, 1 files skipped` as `6 files collected, 1 file skipped`."""
+    match = NBGRADER_COUNTS.match(line)
+    return f"{plural(int(match[1]), 'file')} collected, {plural(int(match[2]), 'file')} skipped" if match else line
 
 
 NOTES_PER_STUDENT = 5  # the most lines printed about one student's skipped files; the rest counted
@@ -344,7 +388,7 @@ def print_notes(notes: list[tuple[str | None, str]]) -> None:
         print(" ", one_line(line))
     for student, count in sorted(about.items()):
         if count > NOTES_PER_STUDENT:
-            print(" ", one_line(f"{student}: {count - NOTES_PER_STUDENT} more files skipped, not listed "
+            print(" ", one_line(f"{student}: {plural(count - NOTES_PER_STUDENT, 'more file')} skipped, not listed "
                                  f"(the first {NOTES_PER_STUDENT} are above)"))
 
 
@@ -370,23 +414,34 @@ def refused_owners(archive: Path, parse) -> dict[str, list[str]]:
     return owners
 
 
-LMS_FILE = "lms.json"  # downloaded/<assignment>/lms.json: what the LMS's names said of each student collected
+def sha256_of(path: Path) -> str | None:
+    """The SHA-256 of the file at `path` as collected (grader/notebooks.py, `uploaded_as`), or None."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def remember(course: Path, assignment: str, lms: str, uploads: dict[str, tuple[Path, dict]]) -> None:
     """What the download's names tell of each student collected, for the way back (grader/lms.py:
     `export --lms`, `pack-feedback --lms`): the LMS's user id (Canvas) or participant number
-    (Moodle), the name the LMS wrote, the collected file's name in the download, and lateness
-    (Canvas's `_late`; Moodle's download does not say). Only names the LMS wrote, never a student's
-    file contents. Merged into the file of an earlier collection: a student collected again replaces
-    their entry."""
+    (Moodle), the name the LMS wrote, the collected file's name in the download and the name the
+    student gave it (with the SHA-256 of the file, so that the report and the feedback page name it
+    only while the notebook in submitted/ is that file: grader/notebooks.py, `uploaded_as`), and lateness
+    (Canvas's `_late`; Moodle's download does not say). Names, never a student's file contents; the
+    file's name is the student's own text (printed through `one_line`, shown on the page as inert
+    text). Merged into the file of an earlier collection: a student collected again replaces their
+    entry, and one whose folder is no longer in submitted/ (moved out) is forgotten."""
     path = course / "downloaded" / assignment / LMS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     known = json.loads(path.read_text()) if path.is_file() else {}
     students = {} if known.get("lms") != lms else known.get("students", {})
+    here = {p.parent.name for p in (course / "submitted").glob(f"*/{assignment}")}
+    students = {s: entry for s, entry in students.items() if s in here}  # a submission moved out: forgotten
     for student, (relative, info) in uploads.items():
         students[student] = {"lms_id": info["lms_id"], "user": info["user"], "name": info["name"],
-                             "file": relative.as_posix(), "late": info["late"],
+                             "file": relative.as_posix(), "late": info["late"], "uploaded": info["uploaded"],
+                             "sha256": sha256_of(course / "downloaded" / assignment / "archive" / relative),
                              **({"prefix": info["prefix"]} if "prefix" in info else {})}
     kept = {"column": known["column"]} if known.get("lms") == lms and "column" in known else {}  # export --column
     path.write_text(json.dumps({"lms": lms, "assignment": assignment, "students": students, **kept}, indent=1,

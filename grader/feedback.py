@@ -21,6 +21,7 @@ from pathlib import Path
 from grader import feedback_page
 from grader.course import ROOT, nbgrader
 from grader.notebooks import grade_id, normalised, part_of, source_text
+from grader.report import plural
 
 OUTPUT_CHARS = 1_000_000          # the feedback's outputs, all cells together
 # The student's own text in the feedback page: nbgrader renders it outside every sandbox and limit,
@@ -172,10 +173,11 @@ def cut(text: str, budget: list[int]) -> str:
         f"{text[:keep]}\n\n(... {len(text) - keep:,} more characters, not shown in the feedback)")
 
 
-def files_cell(graded: str, others: list[str], handed_out: set[str] = frozenset()) -> dict:
-    """The page's first cell: which file of the submission was graded, and which were not (and
-    which of those are as handed out: no answer changed)."""
-    text = f"This page grades the notebook {graded!r} of your submission."
+def files_cell(graded: str, others: list[str], handed_out: set[str] = frozenset(), uploaded: str | None = None) -> dict:
+    """The page's first cell: which file of the submission was graded (by the name the student
+    `uploaded` it under to the LMS, if another), and which were not (and which of those are as
+    handed out: no answer changed)."""
+    text = f"This page grades the notebook {uploaded or graded!r} of your submission."
     if others:
         listed = ", ".join(repr(name) + (" (as handed out: no answer changed)" if name in handed_out else "")
                            for name in others[:5])
@@ -294,7 +296,7 @@ def pack_feedback(course: Path, assignment: str, out: Path) -> list[Path]:
     with zipfile.ZipFile(out / f"{assignment}-feedback.zip", "w", zipfile.ZIP_DEFLATED) as archive:
         for page in pages:
             archive.write(page, page.name)
-    print(f"{len(pages)} feedback pages in {folder}/ and {out / f'{assignment}-feedback.zip'}")
+    print(f"{plural(len(pages), 'feedback page')} in {folder}/ and {out / f'{assignment}-feedback.zip'}")
     for student in missing:
         print(f"  NO FEEDBACK for {student}: grade the assignment first (python -m grader grade {assignment})")
     return pages

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from grader.course import ENV, nbgrader, nbgrader_command
 from grader.feedback import feedback_notebook, safe_message
-from grader.notebooks import grade_id, submission_files, write_private
+from grader.notebooks import grade_id, submission_files, uploaded_as, write_private
 
 STUDENT_ID_CHARS = 128  # nbgrader's student.id, varchar(128): PostgreSQL refuses more, SQLite would not
 
@@ -116,6 +116,8 @@ def prepare(course: Path, assignment: str, url: str | None = None) -> list[str]:
                          f"{course / 'submitted'}: {', '.join(too_long)}. Rename their folders there "
                          "(python -m grader collect shortens such ids itself)")
     register(course, assignment, url)
+    from grader.results import create_table
+    create_table(db_url(course, url))
     with Gradebook(db_url(course, url)) as gradebook:
         for student in students:
             gradebook.update_or_create_student(student)
@@ -202,7 +204,7 @@ def record(gradebook, course, assignment, student, result, points, release, repo
     report.messages[student] = {t: str(v.get("message"))[:2000] for t, v in verdicts.items() if not v.get("passed")}
     if fingerprint is None:
         fingerprint = submission_fingerprint(course, student, assignment)
-    write_grades(gradebook, assignment, student, scores)
+    write_grades(gradebook, assignment, student, scores, report)
     folder = course / "autograded" / student / assignment
     for path in (course / "autograded", course / "autograded" / student, folder):
         if path.is_symlink():
@@ -215,6 +217,7 @@ def record(gradebook, course, assignment, student, result, points, release, repo
                  for t, v in verdicts.items()}
         try:
             files = submission_files(course, student, assignment, release)
+            files = (*files, uploaded_as(course, student, assignment, files[0]))
         except (OSError, ValueError):
             files = None
         write_private(folder / f"{assignment}.ipynb", json.dumps(feedback_notebook(ran, release, points, shown, files),
@@ -272,10 +275,12 @@ def visible_failures(ran: dict, verdicts: dict, points: dict) -> list[str]:
     return failed
 
 
-def write_grades(gradebook, assignment: str, student: str, scores: dict) -> None:
+def write_grades(gradebook, assignment: str, student: str, scores: dict, report=None) -> None:
     """One student's rows, committed; tried again after a pause while the database is busy (another
     process holds SQLite's lock, or PostgreSQL reports a conflict). A student whose rows are not all
-    written stays ungraded (`graded_students`), so that the next run grades them again."""
+    written stays ungraded (`graded_students`), so that the next run grades them again. `report`
+    (grader.schedule.Report): what it says of the student is written in the same transaction, for
+    `python -m grader results` (grader/results.py; its table made by `prepare` or `grade` first)."""
     from nbgrader.api import InvalidEntry
     from sqlalchemy.exc import IntegrityError, OperationalError
     for attempt in range(RETRIES):
@@ -284,6 +289,9 @@ def write_grades(gradebook, assignment: str, student: str, scores: dict) -> None
             gradebook.update_or_create_submission(assignment, student)
             for test, score in scores.items():
                 gradebook.find_grade(test, assignment, assignment, student).auto_score = score
+            if report is not None:
+                from grader.results import write_notes
+                write_notes(gradebook, assignment, student, report)
             gradebook.db.commit()
             return
         except (OperationalError, IntegrityError, InvalidEntry):

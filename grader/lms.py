@@ -32,7 +32,7 @@ from pathlib import Path
 from grader.collect import LMS_FILE
 from grader.gradebook import db_url, scores
 from grader.notebooks import grade_id, read_notebook
-from grader.report import one_line
+from grader.report import one_line, plural
 
 CANVAS_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
 MOODLE_COLUMNS = ["Identifier", "Full name", "Email address", "Status", "Grade", "Maximum Grade",
@@ -99,7 +99,7 @@ def export_grades(course: Path, assignment: str, lms: str, to: Path, url: str | 
             for student in sorted(exported):
                 rows.writerow([f"{MOODLE_PARTICIPANT}{students[student]['user']}", inert(students[student]["name"]), "", "",
                                number(exported[student]), number(most), "Yes", stamp])
-    print(one_line(f"{len(exported)} grades of {assignment} for {lms} in {to}"))
+    print(one_line(f"{plural(len(exported), 'grade')} of {assignment} for {lms} in {to}"))
     for student in sorted(set(students) - set(graded)):
         print(one_line(f"  NOT EXPORTED {student}: collected, but no grade in the gradebook (grade {assignment} first)"))
     for student in sorted(set(graded) - set(students)):
@@ -131,7 +131,7 @@ def pack_feedback(course: Path, assignment: str, lms: str, out: Path) -> Path:
                 continue
             zipped.write(page, upload_name(lms, assignment, entry))
             packed += 1
-    print(one_line(f"{packed} feedback pages of {assignment} for {lms} in {archive}"))
+    print(one_line(f"{plural(packed, 'feedback page')} of {assignment} for {lms} in {archive}"))
     for student in missing:
         print(one_line(f"  NO FEEDBACK for {student}: grade the assignment first (python -m grader grade {assignment})"))
     return archive

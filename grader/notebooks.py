@@ -4,6 +4,7 @@ never executed, and a submission is read without following a symbolic link.
 
     read_submission(course, student, assignment, release) -> notebook (a dict)  # refused, with the reason, if unsafe
     submission_files(course, student, assignment, release) -> (graded, others, those as handed out)
+    uploaded_as(course, student, assignment, graded) -> the name the student gave it in the LMS, or None
     read_notebook(path) -> notebook                                      # the instructor's or the grader's own
     recovered(submission, release) -> (notebook, cells whose nbgrader metadata came back)
     grade_id(cell), source_text(cell), part_of(grade id), without_magics(source)
@@ -11,6 +12,7 @@ never executed, and a submission is read without following a symbolic link.
     json_data(text) -> data                                              # JSON from a sandbox, every string encodable
 """
 import copy
+import hashlib
 import json
 import os
 import re
@@ -304,6 +306,41 @@ def submission_files(course: Path, student: str, assignment: str,
     return graded, [name for name in found if name != graded], handed_out
 
 
+LMS_FILE = "lms.json"  # downloaded/<assignment>/lms.json: what the LMS's names said of each student collected
+
+
+def uploaded_as(course: Path, student: str, assignment: str, graded: str) -> str | None:
+    """The name under which the student uploaded the graded notebook to the LMS, where collection
+    stored it under another (`Copy of ex1.ipynb` collected as `ex1.ipynb`; instructor walkthrough
+    47b, C4: the page named a file the student never uploaded), else None: not collected from an
+    LMS, named as the exercise there (` (1)`, `-1` are the LMS's), or changed since it was collected
+    (its SHA-256 is not the one collection recorded: a notebook put there by hand since)."""
+    if graded != f"{assignment}.ipynb":
+        return None
+    try:
+        known = json.loads((course / "downloaded" / assignment / LMS_FILE).read_text(encoding="utf-8"))
+        entry = known["students"][student]
+        uploaded, digest = str(entry["uploaded"]), str(entry["sha256"])
+        data = read_bytes(course / "submitted" / student / assignment / graded)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if hashlib.sha256(data).hexdigest() != digest or AGAIN.sub("", uploaded.removesuffix(".ipynb")) == assignment:
+        return None
+    return uploaded
+
+
+AGAIN = re.compile(r"(?:-\d+| \(\d+\))$")  # an LMS's upload number: name-2.ipynb (Canvas), name (2).ipynb (Moodle)
+
+
+def read_bytes(path: Path) -> bytes:
+    """A regular file's first NOTEBOOK_BYTES + 1 bytes, never through a symbolic link."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{path.name} is not a regular file")
+        return f.read(NOTEBOOK_BYTES + 1)
+
+
 def submitted_name(course: Path, student: str, assignment: str, release: dict | None = None) -> str:
     """The file of the submission that is graded (`submission_files`)."""
     return submission_files(course, student, assignment, release)[0]
@@ -314,22 +351,27 @@ def other_notebooks(course: Path, student: str, assignment: str, graded: str) ->
     return [name for name in notebooks_in(course / "submitted" / student / assignment) if name != graded]
 
 
-def renamed_note(name: str, assignment: str) -> str | None:
-    """What the report says when the graded notebook is not named `<assignment>.ipynb`."""
+def renamed_note(name: str, assignment: str, uploaded: str | None = None) -> str | None:
+    """What the report says when the graded notebook is not named `<assignment>.ipynb`, or was
+    `uploaded` to the LMS under another name."""
+    if uploaded:
+        return f"graded {uploaded!r}, as uploaded to the LMS (collected as {name})"
     if name == f"{assignment}.ipynb":
         return None
     return f"graded {name!r}, the submission's only notebook (not named {assignment}.ipynb)"
 
 
-def files_note(graded: str, others: list[str], handed_out: set[str], assignment: str) -> str | None:
+def files_note(graded: str, others: list[str], handed_out: set[str], assignment: str,
+               uploaded: str | None = None) -> str | None:
     """What the report says of the files of a submission: the graded one if it is not named
-    `<assignment>.ipynb`, the others, and why the graded one won where one of them is as handed out."""
+    `<assignment>.ipynb` (or was `uploaded` to the LMS under another name: `uploaded_as`), the
+    others, and why the graded one won where one of them is as handed out."""
     if not others:
-        return renamed_note(graded, assignment)
+        return renamed_note(graded, assignment, uploaded)
     listed = ", ".join(repr(name) + (" (as handed out: no answer changed)" if name in handed_out else "")
                        for name in others[:5]) + (" ..." if len(others) > 5 else "")
     why = (", the notebook with work in it" if graded != f"{assignment}.ipynb" and handed_out & set(others) else "")
-    return f"graded {graded!r}{why}; not graded: {listed}"
+    return f"graded {uploaded or graded!r}{why}; not graded: {listed}"
 
 
 def read_submission(course: Path, student: str, assignment: str, release: dict | None = None) -> dict:

@@ -18,7 +18,7 @@ from grader import schedule
 from grader.course import assignments, make_course, nbgrader
 from grader.fabricate import submissions, test_points, write_submission
 from grader.gradebook import export, scores
-from grader.report import print_report, print_table
+from grader.report import plural, print_report, print_table
 
 
 def grade_all(course: Path, assignment: str, timeout: int, execute=True, sandbox: bool = True, **options):
@@ -69,12 +69,12 @@ def demo(out: Path) -> None:
         report = grade_all(out, name, timeout=20, progress=True)  # every core, as `grade --jobs` does
         seconds = time.perf_counter() - started
         count = len(report.scores)
-        print(f"  {count} submissions in {seconds:.0f} s ({seconds / count:.1f} s each, {report.workers} at a time)")
+        print(f"  {plural(count, 'submission')} in {seconds:.0f} s ({seconds / count:.1f} s each, {report.workers} at a time)")
         nbgrader(out, "generate_feedback", name, "--force")
         print_table(name, scores(out, name), test_points(name))
         print_report(report)
     export(out, out / "grades.csv")
     with open(out / "grades.csv") as f:
         rows = list(csv.DictReader(f))
-    print(f"\n{out / 'grades.csv'}: {len(rows)} rows (one per student and assignment)")
+    print(f"\n{out / 'grades.csv'}: {plural(len(rows), 'row')} (one per student and assignment)")
     print(f"feedback HTML: {out / 'feedback'}/<student>/<assignment>/<assignment>.html")

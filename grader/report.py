@@ -6,6 +6,7 @@ prints data the grader collected.
     print_report(report, messages=True)        # report: grader.schedule.Report
     printable(text) -> text                    # student-controlled text made safe for a terminal
     one_line(text) -> text                     # and on one line
+    plural(count, "file") -> "1 file", "2 files"
 
 Every line printed goes through `printable`: a student chooses their messages, file names and
 answers, and a terminal obeys the control characters in them (move the cursor, erase the lines
@@ -27,6 +28,11 @@ def one_line(text) -> str:
     student put in it (red team 45e, A03: a feedback run's stderr, quoted in a note, forged
     `READ` and `NOT GRADED` lines about classmates)."""
     return printable(str(text).replace("\n", "\\n"))
+
+
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """`1 file`, `2 files`: the count and its noun (`many`: the plural where it is not `one` + s)."""
+    return f"{count} {one if count == 1 else many or one + 's'}"
 
 
 def print_table(assignment: str, graded: dict[str, dict[str, float]], points: dict[str, float]) -> None:

@@ -43,7 +43,8 @@ from grader.feedback import hidden_test_lines, seeds_of
 from grader.gradebook import (db_url, graded_students, handed_in_again, instructor_secret, record, register,
                               registered, submission_fingerprint, submitters, without_password)
 from grader.notebooks import (files_note, grade_id, normalised, part_of, read_notebook, read_submission, recovered,
-                              source_text, student_code, submission_files)
+                              source_text, student_code, submission_files, uploaded_as)
+from grader.report import plural
 from grader.review_flags import ANSWER_CHARS, review_flags
 from grader.withheld import declared, library_copy
 from grader.runs import (BrokenEnvironment, NoSandbox, defined_names, environment_problem, hidden_test_job,  # noqa: F401
@@ -170,6 +171,8 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
     if not registered(course, assignment, url):  # before grading anyone: the grades need somewhere to go
         print(f"registering {assignment} in {without_password(url)} (first grading of it)", file=sys.stderr, flush=True)
         register(course, assignment, url)
+    from grader.results import create_table
+    create_table(url)  # the report's lines, for `python -m grader results` (grader/results.py)
     hidden_lines = hidden_test_lines(source)
     report = Report(feedback=feedback, workers=workers)
     if not feedback:
@@ -227,8 +230,8 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
                 sandboxing.STOP.set()  # end the sandboxes still running; what is written stays written
                 pool.shutdown(wait=True, cancel_futures=True)
                 sandboxing.STOP.clear()
-                print(f"\nstopped: {len(report.scores)} grades written; run the same command again to grade "
-                      f"the {len(students) - len(report.scores)} others", file=sys.stderr, flush=True)
+                print(f"\nstopped: {plural(len(report.scores), 'grade')} written; run the same command again to grade "
+                      f"the {plural(len(students) - len(report.scores), 'other')}", file=sys.stderr, flush=True)
                 raise
         report.wall_seconds = time.monotonic() - began
     if progress:
@@ -244,7 +247,8 @@ def grade_student(course, assignment, student, template, source, release, secret
     reference then runs here, for this student alone."""
     try:
         submission = read_submission(course, student, assignment, release)
-        renamed = files_note(*submission_files(course, student, assignment, release), assignment)
+        files = submission_files(course, student, assignment, release)
+        renamed = files_note(*files, assignment, uploaded_as(course, student, assignment, files[0]))
     except (OSError, ValueError) as error:
         return None, None, f"the submission could not be read: {error}", None, None
     submission, restored = recovered(submission, release)
@@ -253,7 +257,7 @@ def grade_student(course, assignment, student, template, source, release, secret
         return None, submission, ("no answer cell of the notebook carries the exercise's nbgrader metadata "
                                   "(an editor removed it, and the cells' ids too): grade it by hand"), renamed, None
     if restored:
-        renamed = "; ".join(filter(None, [renamed, f"{restored} cells had lost their nbgrader metadata: "
+        renamed = "; ".join(filter(None, [renamed, f"{plural(restored, 'cell')} had lost their nbgrader metadata: "
                                                    "recovered from the cells' ids"]))
     size = sum(len(code) for _, code in student_code(submission, source))
     if size > ANSWER_CHARS:
@@ -355,7 +359,9 @@ def reference_records(folder: Path, source: dict, secrets: dict, timeout: int, s
     chunks = [students[k::count] for k in range(count)]
     folder.mkdir()
     if progress:
-        print(f"the reference solution on {len(students)} students' secret inputs: {len(chunks)} sandboxed run(s), "
+        whose = plural(len(students), "student's", "students'")
+        print(f"the reference solution on {whose} secret inputs: "
+              f"{plural(len(chunks), 'sandboxed run')}, "
               f"{min(workers, len(chunks))} at a time", file=sys.stderr, flush=True)
 
     def batch(number, chunk):
@@ -369,7 +375,7 @@ def reference_records(folder: Path, source: dict, secrets: dict, timeout: int, s
     try:
         for chunk, (found, problem) in zip(chunks, pool.map(batch, range(len(chunks)), chunks)):
             if problem:
-                print(f"NOTE: the reference run of {len(chunk)} students {problem}: each of them gets a reference "
+                print(f"NOTE: the reference run of {plural(len(chunk), 'student')} {problem}: each of them gets a reference "
                       "run of their own", file=sys.stderr, flush=True)
             records.update(zip(chunk, found or [None] * len(chunk)))
     except KeyboardInterrupt:
@@ -418,4 +424,4 @@ def closing_line(assignment: str, report: Report) -> str:
                if report.skipped else "")
     skipped += (f"; {len(report.again)} graded again, their submission changed since: {', '.join(report.again)}"
                 if report.again else "")
-    return f"{assignment}: {count} students graded in {seconds:.0f} s, {report.workers} at a time{rate}{skipped}"
+    return f"{assignment}: {plural(count, 'student')} graded in {seconds:.0f} s, {report.workers} at a time{rate}{skipped}"

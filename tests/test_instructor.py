@@ -374,14 +374,19 @@ def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, n
     assert {p.suffix for p in (course / "downloaded").rglob("*") if p.is_file() and p.name != "lms.json"} == {".ipynb"}
     remembered = json.loads((course / "downloaded" / ASSIGNMENT / "lms.json").read_text())  # for the way back
     assert remembered["lms"] == lms and set(remembered["students"]) == set(expected)
+    import hashlib
+    for student, entry in remembered["students"].items():  # the notebook collected is the file uploaded
+        assert entry.pop("sha256") == hashlib.sha256(
+            (course / "submitted" / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_bytes()).hexdigest()
     if lms == "canvas":
         assert remembered["students"]["doejane_123456"] == {
             "lms_id": "doejane_123456", "user": "123456", "name": "doejane", "late": True,
-            "file": f"doejane_late_123456_7890123_{ASSIGNMENT}-2.ipynb", "prefix": "doejane_late_123456_7890123_"}
+            "file": f"doejane_late_123456_7890123_{ASSIGNMENT}-2.ipynb", "prefix": "doejane_late_123456_7890123_",
+            "uploaded": f"{ASSIGNMENT}-2.ipynb"}
     else:
         assert remembered["students"]["omar_smith_12346"] == {
             "lms_id": "omar_smith_12346", "user": "12346", "name": "Omar Smith", "late": False,
-            "file": f"Omar Smith_12346_assignsubmission_file_/{ASSIGNMENT}.ipynb"}
+            "file": f"Omar Smith_12346_assignsubmission_file_/{ASSIGNMENT}.ipynb", "uploaded": f"{ASSIGNMENT}.ipynb"}
 
 
 # The documented formats, written out here, not taken from grader/lms.py. Canvas's grade import:
@@ -495,7 +500,7 @@ def test_the_nbgrader_export_leaves_an_assignment_never_handed_in_without_a_scor
     assert set(rows) == {"jane", "bo"}
     assert float(rows["jane"]["score"]) == 0.0 and float(rows["jane"]["raw_score"]) == 0.0
     assert rows["bo"]["score"] == rows["bo"]["raw_score"] == "" and float(rows["bo"]["max_score"]) > 0
-    assert f"1 rows left without a score: assignments never handed in, e.g. {ASSIGNMENT} of bo" \
+    assert f"1 row left without a score: assignments never handed in, e.g. {ASSIGNMENT} of bo" \
         in capsys.readouterr().out
 
 
@@ -581,8 +586,9 @@ def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
     fabricate.write_submission(scratch, ASSIGNMENT, "full", fabricate.solution_cells(ASSIGNMENT))
     fabricate.write_submission(scratch, ASSIGNMENT, "blank", {})
     with zipfile.ZipFile(tmp_path / "submissions.zip", "w") as archive:
-        for login, kind in (("doejane_late_123456_7890123", "full"), ("smithomar_223344_7890456", "blank")):
-            archive.write(scratch / "submitted" / kind / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", f"{login}_{ASSIGNMENT}.ipynb")
+        for login, kind, name in (("doejane_late_123456_7890123", "full", f"{ASSIGNMENT}.ipynb"),
+                                  ("smithomar_223344_7890456", "blank", f"Copy of {ASSIGNMENT}.ipynb")):  # Colab's
+            archive.write(scratch / "submitted" / kind / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", f"{login}_{name}")
     env = {**os.environ, gradebook.SECRET_VARIABLE: "a-test-secret", "PYTHONPATH": str(ROOT)}  # `python -m grader` from the course
 
     def step(*args):
@@ -594,13 +600,19 @@ def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
 
     step("collect", ASSIGNMENT, "--lms", "canvas", "--zip", str(tmp_path / "submissions.zip"), "--course", ".")
     assert not gradebook.registered(course, ASSIGNMENT)
-    step("grade", ASSIGNMENT, "--course", ".", "--timeout", "20")
+    graded = step("grade", ASSIGNMENT, "--course", ".", "--timeout", "20")
+    assert f"note on smithomar_223344: graded 'Copy of {ASSIGNMENT}.ipynb', as uploaded to the LMS" in graded  # C4
     points = fabricate.test_points(ASSIGNMENT)
+    results = step("results", ASSIGNMENT, "--course", ".")  # the class's table again, from the gradebook (C6)
+    assert [line.split()[-1] for line in results.splitlines() if line.startswith(("doejane", "smithomar"))] == [
+        f"{sum(points.values()):g}", "0"]
+    assert "  smithomar_223344 p1_tests failed: " in results and "2 students graded in" in results
     assert gradebook.scores(course, ASSIGNMENT) == {"doejane_123456": points, "smithomar_223344": {t: 0.0 for t in points}}
     assert (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text() == release
     step("pack-feedback", ASSIGNMENT, "--course", ".", "--out", "feedback-upload")
     page = (course / "feedback-upload" / ASSIGNMENT / f"smithomar_223344_{ASSIGNMENT}.html").read_text()
     assert "Not attempted: the answer cells of this part are as handed out" in " ".join(page.split())  # a blank notebook
+    assert f"This page grades the notebook 'Copy of {ASSIGNMENT}.ipynb' of your submission" in page  # as uploaded (C4)
     assert "In&nbsp;[&nbsp;]" not in page and "In [ ]" not in page  # the run's counts
     assert ">Test cell</a>" not in page and "Grade cell:" not in page  # nbgrader's words (walkthrough 3)
     assert '<a href="#p1_tests">Part 1</a> (Score:' in page and "Tests of Part 1" in page

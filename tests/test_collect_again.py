@@ -1,0 +1,181 @@
+"""Collecting into a course that already holds submissions, the ids and names a collection keeps,
+and the class's results read back from the gradebook (instructor walkthrough 47b: C2, C3, C4, C6)."""
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import unicodedata
+import warnings
+from pathlib import Path
+
+import pytest
+
+from grader import collect, fabricate, gradebook, notebooks, schedule
+from grader.__main__ import main
+from tests import postgres
+from tests.test_instructor import ASSIGNMENT, ROOT, collected, fresh_course, lms_zip, registered_course  # noqa: F401
+
+A = ASSIGNMENT
+
+
+def run_collect(course: Path, download: Path, lms: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "grader", "collect", A, "--lms", lms, "--zip", str(download),
+                             "--course", str(course)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def remembered(course: Path) -> dict:
+    return json.loads((course / "downloaded" / A / collect.LMS_FILE).read_text(encoding="utf-8"))["students"]
+
+
+def test_a_collect_names_the_students_its_download_does_not_hold_and_what_to_do(tmp_path):
+    """C2: a later download without a student (withdrawn; or another LMS's class) left their
+    submission in submitted/, silently, to be graded and exported with the others."""
+    course = fresh_course(tmp_path / "course")
+    run_collect(course, lms_zip(tmp_path / "first.zip", {f"doejane_123456_7890123_{A}.ipynb": "jane",
+                                                         f"smithomar_223344_7890456_{A}.ipynb": "omar",
+                                                         f"leebo_4455_7777_{A}.ipynb": "bo"}), "canvas")
+    second = lms_zip(tmp_path / "second.zip", {f"doejane_123456_7890000_{A}.ipynb": "jane's earlier",
+                                               f"doejane_123456_7890999_{A}.ipynb": "jane again",
+                                               "leebo_4455_7778_work.zip": {f"{A}.ipynb": "bo, zipped"}})
+    said = run_collect(course, second, "canvas")
+    assert collected(course) == {"doejane_123456": "jane again", "smithomar_223344": "omar", "leebo_4455": "bo"}
+    assert "NOT COLLECTED leebo_4455: no notebook of theirs in this download was collected" in said  # his earlier one stays
+    assert ("NOT IN THIS DOWNLOAD: 1 student with a submission of ex2_loss_scaling in submitted/ that this download "
+            "does not hold") in said and said.split("NOT IN THIS DOWNLOAD")[1].split("\n")[0].endswith(": smithomar_223344")
+    assert f"mv submitted/<student>/{A} <elsewhere>" in said and '"Starting over"' in said
+    assert "3 submissions of" in said and "1 file skipped" in said and "1 files" not in said  # plurals
+    # moved out as the line says, then collected again: forgotten, for export --lms and pack-feedback too
+    shutil.move(course / "submitted" / "smithomar_223344", tmp_path / "set-aside")
+    said = run_collect(course, second, "canvas")
+    assert "NOT IN THIS DOWNLOAD" not in said and "2 submissions of" in said
+    assert set(remembered(course)) == {"doejane_123456", "leebo_4455"}
+
+
+NAMES = {"Ana García": "ana_garcía_5501004", "Иван Петров": "иван_петров_5501007",
+         "प्रिया शर्मा": "प्रिया_शर्मा_5501008", "王小明": "王小明_5501010",
+         "Bo, Zoë [x]*": "bo_zoë_x_5501009", "Jean-Luc O'Neil": "jean-luc_o_neil_5501011"}
+
+
+def test_moodle_ids_keep_a_names_letters_in_any_script_alike_on_every_collect(tmp_path):
+    """C3: `Ana García` was `ana_garc_a_5501004`, and a name in another script only its number;
+    each id holds the name's letters (lower-cased), composed (NFC) whatever the download's form,
+    no character nbgrader reads as a list or a pattern, and nbgrader's gradebook takes it."""
+    course = fresh_course(tmp_path / "course")
+    numbers = {name: int(sid.rsplit("_", 1)[1]) for name, sid in NAMES.items()}
+    composed = {f"{name}_{numbers[name]}_assignsubmission_file_/{A}.ipynb": name for name in NAMES}
+    run_collect(course, lms_zip(tmp_path / "composed.zip", composed), "moodle")
+    assert collected(course) == {sid: name for name, sid in NAMES.items()}
+    decomposed = {unicodedata.normalize("NFD", path): f"{name} again" for path, name in composed.items()}
+    said = run_collect(course, lms_zip(tmp_path / "decomposed.zip", decomposed), "moodle")  # as macOS writes names
+    assert collected(course) == {sid: f"{name} again" for name, sid in NAMES.items()} and "NOT IN THIS" not in said
+    assert not any(c in sid for sid in NAMES.values() for c in " ,*?[]./\\")
+    urls = {"sqlite": None}
+    with contextlib.ExitStack() as stack:
+        if postgres.problem() is None:
+            urls["postgresql"] = stack.enter_context(postgres.Server()).database("gradebook")
+        for url in urls.values():
+            assert gradebook.prepare(course, A, url) == sorted(NAMES.values())
+            from nbgrader.api import Gradebook
+            with Gradebook(gradebook.db_url(course, url)) as book, warnings.catch_warnings():
+                warnings.filterwarnings("ignore")
+                assert sorted(s.id for s in book.students) == sorted(NAMES.values())
+                gradebook.write_grades(book, A, NAMES["प्रिया शर्मा"], dict(fabricate.test_points(A)))
+            assert set(gradebook.scores(course, A, gradebook.db_url(course, url))) == {NAMES["प्रिया शर्मा"]}
+
+
+def graded(course: Path, students: dict, url: str | None = None) -> None:
+    """Write each student's grade as a grading run does (gradebook.record, in a session of its own,
+    as each shard's): {student: (passed parts, failure message, problem or None)}."""
+    from nbgrader.api import Gradebook
+    points = fabricate.test_points(A)
+    release = notebooks.read_notebook(course / "exercises" / A / f"{A}.ipynb")
+    for student, (passed, message, problem) in students.items():
+        report = schedule.Report()
+        verdicts = {} if problem else {t: {"passed": k < passed, "message": "" if k < passed else message}
+                                       for k, t in enumerate(points)}
+        ran = notebooks.read_submission(course, student, A, release)
+        with Gradebook(gradebook.db_url(course, url)) as book, warnings.catch_warnings():
+            warnings.filterwarnings("ignore")
+            gradebook.record(book, course, A, student, (verdicts, ran, problem, None, None), points, release, report,
+                             secrets=["s"], hidden_lines=set())
+
+
+def test_the_report_and_the_feedback_page_name_the_file_the_student_uploaded(registered_course, tmp_path):
+    """C4: Colab's `Copy of ex2_loss_scaling.ipynb`, uploaded to Canvas, was collected as
+    `ex2_loss_scaling.ipynb`, and the student's page named that file, which they never uploaded."""
+    course = Path(shutil.copytree(registered_course, tmp_path / "course"))
+    run_collect(course, lms_zip(tmp_path / "canvas.zip", {f"doejane_123456_7890123_{A}-1.ipynb": "jane",
+                                                          f"smithomar_223344_7890456_Copy of {A}.ipynb": "omar"}),
+                "canvas")
+    assert remembered(course)["smithomar_223344"]["uploaded"] == f"Copy of {A}.ipynb"
+    release = notebooks.read_notebook(course / "exercises" / A / f"{A}.ipynb")
+
+    def note(student):
+        files = notebooks.submission_files(course, student, A, release)
+        return notebooks.files_note(*files, A, notebooks.uploaded_as(course, student, A, files[0]))
+
+    assert note("smithomar_223344") == f"graded 'Copy of {A}.ipynb', as uploaded to the LMS (collected as {A}.ipynb)"
+    assert note("doejane_123456") is None  # `-1` is Canvas's: she uploaded it under the exercise's name
+    from grader.results import create_table
+    create_table(gradebook.db_url(course))
+    graded(course, {"smithomar_223344": (1, "wrong", None), "doejane_123456": (9, "", None)})
+    page = json.loads((course / "autograded" / "smithomar_223344" / A / f"{A}.ipynb").read_text())
+    assert "".join(page["cells"][0]["source"]).startswith(f"This page grades the notebook 'Copy of {A}.ipynb' of")
+    page = json.loads((course / "autograded" / "doejane_123456" / A / f"{A}.ipynb").read_text())
+    assert "".join(page["cells"][0]["source"]).startswith(f"This page grades the notebook '{A}.ipynb' of")
+    # a notebook put there by hand since is not the file uploaded: its own name, then
+    (course / "submitted" / "smithomar_223344" / A / f"{A}.ipynb").write_text(
+        json.dumps(notebooks.read_notebook(course / "exercises" / A / f"{A}.ipynb")))
+    assert note("smithomar_223344") is None
+    from grader import feedback  # the name is the student's text: shown, never rendered
+    cell = feedback.files_cell(f"{A}.ipynb", [], set(), "Copy of <img src=x onerror=alert(1)> [a](javascript:1).ipynb")
+    assert "<img" not in cell["source"] and "](javascript:" not in cell["source"]
+    assert collect.moodle(Path(f"Bo Lee_12347_assignsubmission_file_/Copy of {A} (1).ipynb"))["uploaded"] == \
+        f"Copy of {A} (1).ipynb"
+    assert collect.moodle(Path(f"Bo Lee_12347_assignsubmission_file_{A} (1).ipynb"))["uploaded"] == f"{A} (1).ipynb"
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_results_prints_the_whole_classs_table_and_report_from_the_gradebook(registered_course, tmp_path, capsys,
+                                                                             database):
+    """C6: after grading in shards, each shard had printed its own students' table and failure
+    messages only; `results` prints the class's from the gradebook, whichever machine graded whom."""
+    if database == "postgresql" and postgres.problem():
+        pytest.skip(postgres.problem())
+    course = Path(shutil.copytree(registered_course, tmp_path / "course"))
+    run_collect(course, lms_zip(tmp_path / "canvas.zip", {f"doejane_123456_7890123_{A}.ipynb": "jane",
+                                                          f"smithomar_223344_7890456_{A}.ipynb": "omar",
+                                                          f"leebo_4455_7777_{A}.ipynb": "bo",
+                                                          f"kimann_5566_8888_{A}.ipynb": "ann"}), "canvas")
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(postgres.Server()).database("gradebook") if database == "postgresql" else None
+        gradebook.prepare(course, A, url)
+        graded(course, {"doejane_123456": (99, "", None)}, url)                  # shard 1
+        graded(course, {"smithomar_223344": (1, "p2: expected 3.0, got \x1b[2J 4.0", None),  # shard 2
+                        "leebo_4455": (0, "", "the notebook ran out of time")}, url)
+        main(["results", A, "--course", str(course), *(["--db-url", url] if url else [])])
+    said = capsys.readouterr().out
+    points = fabricate.test_points(A)
+    rows = {line.split()[0]: line.split()[1:] for line in said.splitlines()
+            if not line.startswith(" ") and line.split() and line.split()[0] in ("doejane_123456", "smithomar_223344", "leebo_4455")}
+    assert {s: float(r[-1]) for s, r in rows.items()} == {"doejane_123456": sum(points.values()),
+                                                         "smithomar_223344": list(points.values())[0], "leebo_4455": 0}, said
+    second = list(points)[1]
+    assert f"  smithomar_223344 {second} failed: p2: expected 3.0, got \\x1b[2J 4.0" in said  # shown, never obeyed
+    assert "NOT GRADED leebo_4455: the notebook ran out of time (recorded as 0)" in said
+    assert "NOT GRADED YET: 1 student with a submission in submitted/ and no grade: kimann_5566" in said
+    assert not any(line.startswith("  doejane_123456") for line in said.splitlines())  # jane: a row, no failure line
+    assert "3 students graded in" in said
+
+
+def test_counts_of_one_read_in_the_singular():
+    """Walkthrough 47b, wording: "1 files skipped", "1 students graded", "1 students' secret inputs"."""
+    from grader.report import plural
+    assert collect.counted("6 files collected, 1 files skipped") == "6 files collected, 1 file skipped"
+    assert collect.counted("1 files collected, 0 files skipped") == "1 file collected, 0 files skipped"
+    report = schedule.Report(seconds={"jane": 10.0}, wall_seconds=10.0, workers=1)
+    assert schedule.closing_line(A, report).startswith(f"{A}: 1 student graded in 10 s")
+    assert plural(1, "student's", "students'") == "1 student's" and plural(2, "student's", "students'") == "2 students'"
