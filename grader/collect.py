@@ -13,22 +13,25 @@ which puts the download in downloaded/ASSIGNMENT/archive/ and runs, in the cours
 The names the two systems give a submitted file:
 
 - Canvas: `doejane_123456_7890123_ex2_loss_scaling.ipynb` (the student's name as Canvas sorts it,
-  lower-cased, then user id, submission id, the file's name), with `_late` after the name when
+  lower-cased, then user id, the file's own id, the file's name), with `_late` after the name when
   handed in late, and the file's name suffixed `-1`, `-2`, ... when the student uploaded it again;
+  the download holds each student's current submission, each of its files under its own id;
 - Moodle: `Jane Doe_12345_assignsubmission_file_ex2_loss_scaling.ipynb`, or a folder
   `Jane Doe_12345_assignsubmission_file_/` holding the file ("download submissions in folders"),
   the file's name suffixed ` (1)`, ` (2)`, ... when uploaded again.
 
-Only the download's own files are read: a notebook's owner is the name the LMS wrote (Canvas: the
-file's name at the top of the download; Moodle: the submission's folder, or the file's name where
-there is no folder), never a name a student chose inside it. An upload that is not a notebook (an
-archive too: it is never opened, so no bomb, damaged file or traversal in it stops the collection),
-a notebook inside a folder the LMS did not write, a notebook whose own name claims another student,
-a name outside the download or too long to write, a file over NOTEBOOK_BYTES: skipped, each named
-in the summary.
+Only the download's own files are read: a notebook's owner is the name the LMS wrote at the top of
+the download (Canvas: the file's name; Moodle: the submission's folder, or the file's name where
+there is no folder), never a name a student chose inside it: a folder in a student's Moodle
+folder, whatever its name, is theirs, its notebooks at most their candidates. An upload that is not
+a notebook (an archive too: it is never opened, so no bomb, damaged file or traversal in it stops
+the collection), a notebook inside a folder the LMS did not write, a notebook whose own name claims
+another student, a name outside the download or too long to write, a file over NOTEBOOK_BYTES:
+skipped, each named in the summary.
 
-Each student's latest notebook (highest submission id; within one submission, one with work in it
-before one as handed out, then one named as the exercise, then the highest suffix) is collected as
+Each student's latest notebook (the download holds one submission a student, all their files
+ranked together: one with work in it before one as handed out, then one named as the exercise,
+then the highest suffix, then Canvas's higher file id) is collected as
 submitted/<student>/ASSIGNMENT/ASSIGNMENT.ipynb, whatever the student named it (the assignment is
 one notebook); the others are skipped with a note, so two files from one student do not stop the
 collection. Student ids: the name and the LMS's own number for the person, Canvas's user id
@@ -56,11 +59,11 @@ from grader.gradebook import STUDENT_ID_CHARS
 from grader.notebooks import LMS_FILE, NOTEBOOK_BYTES, as_handed_out, handed_out_among, read_notebook, read_regular
 from grader.report import one_line, plural, printable
 
-CANVAS = re.compile(r"^(?P<person>[\w.\-]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<submission>\d+)_(?P<name>.+)$",
+CANVAS = re.compile(r"^(?P<person>[\w.\-]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<file>\d+)_(?P<name>.+)$",
                     re.I)  # \w: a name may hold any letter (müllerjürgen)
 MOODLE = re.compile(r"^(?P<person>.+?)_(?P<user>\d+)_assign(?:submission|feedback)_[a-z]+_(?P<name>.*)$")
 AGAIN = re.compile(r"(?:-(\d+)| \((\d+)\))$")  # name-2.ipynb (Canvas), name (2).ipynb (Moodle)
-# Where the LMS's own fields may start in a name (Canvas: user and submission ids; Moodle: the
+# Where the LMS's own fields may start in a name (Canvas: user and file ids; Moodle: the
 # participant number): a name where they could start at two places reads as two students' uploads.
 CANVAS_FIELDS = re.compile(r"(?=_\d+_\d+_.)")
 MOODLE_FIELDS = re.compile(r"(?=_\d+_assign(?:submission|feedback)_[a-z]+_)")
@@ -90,7 +93,12 @@ def upload_number(name: str) -> int:
 
 
 def canvas(relative: Path) -> dict | None:
-    """Canvas names every file at the top of its download: a file in a folder is none of its."""
+    """Canvas names every file at the top of its download: a file in a folder is none of its. The id
+    after the user's is the file's own (canvas-lms `ContentZipper`: `_#{attachment.id}_`), not the
+    submission's: two files of one submission have two (red team 45i, A03: ranked as two
+    submissions, the untouched release, uploaded second, beat the `Copy of ...` with the work). The
+    download holds the current submission's files only, so they are one submission, ranked by the
+    rules for one (`latest_uploads`), the file id last before the name."""
     match = CANVAS.match(relative.name) if len(relative.parts) == 1 else None
     if not match:
         return None
@@ -98,7 +106,7 @@ def canvas(relative: Path) -> dict | None:
         return {"student_id": None, "ambiguous": relative.name}
     student = f"{match['person'].lower()}_{match['user']}"
     return {"student_id": gradebook_id(student), "lms_id": student, "late": bool(match["late"]),
-            "order": (int(match["submission"]), upload_number(match["name"])),
+            "order": (0, upload_number(match["name"]), int(match["file"])),
             "user": match["user"], "name": match["person"], "prefix": relative.name[:match.start("name")],
             "uploaded": match["name"]}
 
@@ -140,6 +148,12 @@ def moodle(relative: Path) -> dict | None:
             "uploaded": own["name"] if own and own["name"] else relative.name}
 
 
+def in_submission(relative: Path) -> str:
+    """A file of the download as a note names it: its path inside the student's Moodle folder (a
+    notebook in a folder of theirs with it), else its name."""
+    return PurePosixPath(*relative.parts[1:]).as_posix() if len(relative.parts) > 1 else relative.name
+
+
 def own_name(relative: Path, assignment: str) -> bool:
     """Whether the notebook is named as the exercise (`ex1_precision_comparison.ipynb`, or with an
     upload number, `ex1_precision_comparison (2).ipynb`), whatever prefix the LMS put before it."""
@@ -150,13 +164,14 @@ def own_name(relative: Path, assignment: str) -> bool:
 def latest_uploads(folder: Path, parse, assignment: str | None = None,
                    release: dict | None = None) -> dict[str, tuple[Path, dict]]:
     """{student: (their latest notebook's path relative to `folder`, what its name says)}: the
-    highest submission id; within one submission, with the `release`, a notebook with work in it
-    before one as handed out (red team 45g, A08: Colab's `Copy of ...` beside the untouched download
-    under the exercise's name), then a notebook named as the exercise (`assignment`, by default the
-    folder's: downloaded/<assignment>/extracted) before another (red team 45f, A11: a leftover
-    `..._old.ipynb` sorted after the finished notebook and was graded), then the highest upload
-    number, then the name that sorts last. Names refused by `parse` count for no one. What the name
-    says gains "handed_out": whether the notebook chosen is as handed out beside others."""
+    highest submission id (the first of `parse`'s "order"); within one submission, with the
+    `release`, a notebook with work in it before one as handed out (red team 45g, A08: Colab's
+    `Copy of ...` beside the untouched download under the exercise's name), then a notebook named
+    as the exercise (`assignment`, by default the folder's: downloaded/<assignment>/extracted)
+    before another (red team 45f, A11: a leftover `..._old.ipynb` sorted after the finished notebook
+    and was graded), then the highest upload number, then the rest of "order" (Canvas's file id),
+    then the name that sorts last. Names refused by `parse` count for no one. What the name says
+    gains "handed_out": whether the notebook chosen is as handed out beside others."""
     assignment = assignment or folder.parent.name
     uploads = {}
     for path in folder.rglob("*.ipynb"):
@@ -208,11 +223,27 @@ class LatestNotebookCollector(FileNameCollectorPlugin):
                                       in latest_uploads(extracted, self.parse, release=release).items()}, release)
         return self.index[1]
 
+    def download_root(self, path: Path) -> Path | None:
+        """The folder the download was extracted into (downloaded/<assignment>/extracted), if it holds
+        `path`: as nbgrader's zip_collect, which runs this collector, names it; else (the collector
+        used by itself) the outermost folder so named. Never one inside the download: a student's
+        Moodle folder may hold folders of any name (red team 45i, A01: the innermost `extracted`,
+        inside Mallory's folder, made her notebook there named as Bob's flat upload Bob's own, and
+        beside his real one stopped everyone's collection)."""
+        app = self.parent
+        if all(hasattr(app, name) for name in ("coursedir", "collect_directory_structure", "extracted_directory")):
+            root = Path(app.coursedir.root, app.collect_directory_structure.format(
+                downloaded=app.downloaded_directory, assignment_id=app.coursedir.assignment_id,
+                collect_step=app.extracted_directory))
+        else:
+            root = next((p for p in reversed(path.parents)
+                         if p.name == "extracted" and p.parent.parent.name == "downloaded"), None)
+        return root if root is not None and root in path.parents else None
+
     def collect(self, submitted_file: str) -> dict | None:
         path = Path(submitted_file)
-        extracted = next(p for p in path.parents if p.name == "extracted")  # downloaded/<assignment>/extracted
-        assignment = extracted.parent.name
-        info = self.parse(path.relative_to(extracted))
+        extracted = self.download_root(path)
+        info = self.parse(path.relative_to(extracted)) if extracted is not None else None
         if path.suffix != ".ipynb" or info is None:
             self.log.warning("Not a %s submission of a notebook, skipped: %s", type(self).__name__, path.name)
             return None
@@ -220,22 +251,25 @@ class LatestNotebookCollector(FileNameCollectorPlugin):
             self.log.warning("skipped %s: its name reads as more than one student's upload (refused: "
                              "collect it by hand if it is a student's)", info["ambiguous"])
             return None
+        name = in_submission(path.relative_to(extracted))
         if "claims" in info:
             self.log.warning("%s: skipped %s: a file in their submission named as %s's upload (refused)",
-                             info["student_id"], path.name, info["claims"])
+                             info["student_id"], name, info["claims"])
             return None
+        assignment = extracted.parent.name
         latest, kept = self.latest(extracted)[info["student_id"]]
         if latest != str(path):
+            taken = in_submission(Path(latest).relative_to(extracted))
             if kept["order"][0] != info["order"][0]:
-                self.log.warning("%s: skipped %s, an earlier upload than %s", info["student_id"], path.name, Path(latest).name)
+                self.log.warning("%s: skipped %s, an earlier upload than %s", info["student_id"], name, taken)
             elif not kept["handed_out"] and handed_out(path, self.index[2]):
                 self.log.warning("%s: skipped %s, as handed out (no answer changed): the same submission holds %s, "
-                                 "with work in it, collected instead", info["student_id"], path.name, Path(latest).name)
+                                 "with work in it, collected instead", info["student_id"], name, taken)
             else:  # one submission, two notebooks: the LMS says nothing of which came last
                 self.log.warning("%s: skipped %s: the same submission holds %s, collected instead (a notebook with "
                                  "work in it first, then one named as the exercise, then the higher upload number, "
-                                 "then the name that sorts last): check it by hand", info["student_id"], path.name,
-                                 Path(latest).name)
+                                 "then Canvas's higher file id, then the name that sorts last): check it by hand",
+                                 info["student_id"], name, taken)
             return None
         if info["student_id"] != info["lms_id"]:
             self.log.warning("LONG ID: %s is collected as %s: the gradebook holds ids of at most %d characters",

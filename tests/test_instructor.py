@@ -389,6 +389,65 @@ def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, n
             "file": f"Omar Smith_12346_assignsubmission_file_/{ASSIGNMENT}.ipynb", "uploaded": f"{ASSIGNMENT}.ipynb"}
 
 
+def test_a_folder_inside_a_moodle_submission_never_makes_its_notebook_a_classmates(tmp_path):
+    """Red team 45i, A01: Mallory's Moodle folder held `.../extracted/` folders with notebooks named
+    as classmates' flat uploads. The innermost folder named `extracted` was taken for the download's
+    root: Carol (no hand-in) was collected with Mallory's notebook, and Bob's own hand-in beside the
+    one named as his stopped the whole class's collection (`Duplicate submission file`)."""
+    course = fresh_course(tmp_path / "course")
+    mallory = "Mallory Evil_111_assignsubmission_file_"
+    download = lms_zip(tmp_path / "moodle.zip", {
+        f"Alice Ng_100_assignsubmission_file_/{ASSIGNMENT}.ipynb": "alice",
+        f"Bob Smith_222_assignsubmission_file_/{ASSIGNMENT}.ipynb": "bob",
+        f"{mallory}/{ASSIGNMENT}.ipynb": "mallory",
+        f"{mallory}/{ASSIGNMENT}/extracted/Bob Smith_222_assignsubmission_file_{ASSIGNMENT}.ipynb": "mallory as bob",
+        f"{mallory}/x/extracted/Carol Ng_333_assignsubmission_file_{ASSIGNMENT}.ipynb": "mallory as carol",
+        f"{mallory}/y/extracted/Carol Ng_333_assignsubmission_file_/{ASSIGNMENT}.ipynb": "mallory as carol's folder"})
+    result = subprocess.run([sys.executable, "-m", "grader", "collect", ASSIGNMENT, "--lms", "moodle",
+                             "--zip", str(download), "--course", str(course)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # a notebook in a folder of Mallory's is at most hers, ranked with her others, and named in a note
+    assert collected(course) == {"alice_ng_100": "alice", "bob_smith_222": "bob",
+                                 "mallory_evil_111": "mallory as carol's folder"}
+    assert (f"mallory_evil_111: skipped {ASSIGNMENT}/extracted/Bob Smith_222_assignsubmission_file_{ASSIGNMENT}.ipynb: "
+            "a file in their submission named as bob_smith_222's upload (refused)") in result.stdout
+    assert "named as carol_ng_333's upload (refused)" in result.stdout
+    assert (f"mallory_evil_111: skipped {ASSIGNMENT}.ipynb: the same submission holds "
+            f"y/extracted/Carol Ng_333_assignsubmission_file_/{ASSIGNMENT}.ipynb, collected instead") in result.stdout
+    assert "NOT COLLECTED carol" not in result.stdout and "NOT COLLECTED bob" not in result.stdout
+
+
+def test_a_canvas_submission_of_the_work_and_the_untouched_release_is_collected_with_the_work(tmp_path):
+    """Red team 45i, A03: Canvas names each file of one submission with its own file id
+    (`doejane_123456_7890123_Copy of ...`, `doejane_123456_7890124_...`); the higher id was taken
+    as the later submission before the work-first rule applied, and the untouched release was
+    collected (0 marks). Whichever file has the higher id, the work is collected."""
+    import zipfile
+    course = fresh_course(tmp_path / "course")
+    release = json.loads((ROOT / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text())
+    work = json.loads(json.dumps(release))
+    answer = next(c for c in work["cells"] if c.get("metadata", {}).get("nbgrader", {}).get("solution"))
+    answer["source"] = "scale = 2.0 ** 16  # the work\n"
+    work["metadata"]["marker"] = "work"
+    with zipfile.ZipFile(download := tmp_path / "canvas.zip", "w") as archive:
+        archive.writestr(f"doejane_123456_7890123_Copy of {ASSIGNMENT}.ipynb", json.dumps(work))
+        archive.writestr(f"doejane_123456_7890124_{ASSIGNMENT}.ipynb", json.dumps(release))
+        archive.writestr(f"smithomar_223344_7890200_{ASSIGNMENT}.ipynb", json.dumps(release))
+        archive.writestr(f"smithomar_223344_7890201_Copy of {ASSIGNMENT}.ipynb", json.dumps(work))
+    result = subprocess.run([sys.executable, "-m", "grader", "collect", ASSIGNMENT, "--lms", "canvas",
+                             "--zip", str(download), "--course", str(course)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for student in ("doejane_123456", "smithomar_223344"):
+        taken = json.loads((course / "submitted" / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text())
+        assert taken["metadata"].get("marker") == "work", student
+    assert (f"doejane_123456: skipped doejane_123456_7890124_{ASSIGNMENT}.ipynb, as handed out (no answer changed): "
+            f"the same submission holds doejane_123456_7890123_Copy of {ASSIGNMENT}.ipynb, with work in it, "
+            "collected instead") in result.stdout
+    assert "an earlier upload" not in result.stdout
+    remembered = json.loads((course / "downloaded" / ASSIGNMENT / "lms.json").read_text())["students"]
+    assert remembered["doejane_123456"]["prefix"] == "doejane_123456_7890123_"  # feedback goes back to that file
+
+
 # The documented formats, written out here, not taken from grader/lms.py. Canvas's grade import:
 # the identifying columns, then one column per assignment, and the optional "Points Possible" row
 # of Canvas's own export. Moodle's offline grading worksheet: rows found by "Identifier"
