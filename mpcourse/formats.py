@@ -609,9 +609,10 @@ def _round_by_gaps(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: b
     a = x.abs()
     # 2**e for a in [2**e, 2**(e+1)): a's bits with the significand cleared (0 for a carrier
     # subnormal, inf for inf and NaN), at least 2**emin, times 2**-M: all exact powers of two.
+    # At most 2**emax: inf and NaN (power inf) get a finite gap, so steps stay inf and NaN;
+    # a finite a beyond the top binade still rounds to a multiple above max_value (overflow).
     power = (a.view(c.int_dtype) & c.inf_bits).view(c.dtype)
-    gap = torch.clamp(power, min=2.0 ** fmt.emin) * 2.0 ** -fmt.mantissa_bits
-    gap = torch.where(torch.isinf(power), 1.0, gap)            # inf and NaN: steps = a itself
+    gap = torch.clamp(power, min=2.0 ** fmt.emin, max=2.0 ** fmt.emax) * 2.0 ** -fmt.mantissa_bits
     steps = a / gap
     if rounding == "stochastic":
         below = torch.floor(steps)
@@ -623,12 +624,15 @@ def _round_by_gaps(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: b
         overflow = fmt.max_value
     else:
         overflow = math.inf if fmt.has_infinity else math.nan
-    too_big = y > fmt.max_value                                  # NaN stays NaN: never too big
+    # (A clamp where the overflow is max_value: a mask and torch.where cost ten times more.)
     if rounding == "toward_zero":  # rounding toward zero never turns a finite value into inf
+        too_big = y > fmt.max_value                              # NaN stays NaN: never too big
         y = torch.where(too_big & torch.isfinite(a), fmt.max_value, torch.where(too_big, overflow, y))
+    elif overflow == fmt.max_value:
+        y = y.clamp(max=fmt.max_value)                           # NaN stays NaN
     else:
-        y = torch.where(too_big, overflow, y)
-    return out.copy_(torch.copysign(y, x))
+        y = torch.where(y > fmt.max_value, overflow, y)
+    return torch.copysign(y, x, out=out)
 
 
 @functools.lru_cache(maxsize=None)
