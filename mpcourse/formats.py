@@ -513,13 +513,6 @@ def exact_pow2(e: torch.Tensor) -> torch.Tensor:
     return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
 
 
-def _cast_needs_fixing(fmt: FloatFormat, saturate: bool) -> bool:
-    """Whether torch's cast needs a pass after it: to clamp infinities where round_to saturates,
-    or to set E4M3's overflow itself, which torch's cast gives as ±448 in torch 2.13 and as NaN in
-    torch 2.11 (on CPU and CUDA alike)."""
-    return (saturate and fmt.has_infinity) or (not fmt.has_infinity and fmt.has_nan)
-
-
 def _round_by_torch_cast(x: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype,
                          saturate: bool, out: torch.Tensor) -> torch.Tensor:
     """Write round_to(x, fmt, saturate=saturate) (to nearest) into ``out``, with torch's cast."""
@@ -527,19 +520,16 @@ def _round_by_torch_cast(x: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype,
         x = _float32_rounded_to_odd(x)
     elif x.dtype != torch.float64:
         x = x.to(torch.float32)  # float16 and bfloat16 are exact in float32
+    if saturate:  # beyond max_value, rounding to nearest gives max_value or overflows: clamp first
+        x = x.clamp(-fmt.max_value, fmt.max_value)  # (NaN stays NaN)
     out.copy_(x.to(dtype))
-    if not _cast_needs_fixing(fmt, saturate):
+    if saturate or fmt.has_infinity or not fmt.has_nan:
         return out
-    if fmt.has_infinity:  # saturate: overflow (and inf) came out as ±inf, clamp it
-        return out.clamp_(-fmt.max_value, fmt.max_value)
     # No infinity (E4M3): torch's cast of an overflow (inf, |x| > 464) is ±448 in torch 2.13 and NaN
     # in torch 2.11, so set it here, by round_to's rule on either. The overflow starts at the
     # midpoint above max_value, which rounds up if max_value is odd.
     edge = fmt.max_value + 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)
     overflow = x.abs() >= edge if fmt._top_mantissa % 2 else x.abs() > edge
-    if saturate:
-        return torch.where(overflow, torch.copysign(torch.full_like(out, fmt.max_value), x.to(out.dtype)),
-                           out, out=out)
     return out.masked_fill_(overflow, math.nan)
 
 
