@@ -513,6 +513,21 @@ def exact_pow2(e: torch.Tensor) -> torch.Tensor:
     return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
 
 
+def from_float8(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``x.to(dtype)``; for a float8 tensor on a CPU, each code looked up in a table of all 256.
+
+    The table is torch's own cast of the 256 codes, so the numbers are the cast's; torch's CPU
+    cast from float8 is element by element, a few times slower than the lookup."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return x.to(dtype)
+    return _float8_values(x.dtype, dtype).take(x.view(torch.uint8).long())
+
+
+@functools.lru_cache(maxsize=None)
+def _float8_values(float8: torch.dtype, dtype: torch.dtype) -> torch.Tensor:
+    return torch.arange(256, dtype=torch.uint8).view(float8).to(dtype)
+
+
 def _round_by_torch_cast(x: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype,
                          saturate: bool, out: torch.Tensor) -> torch.Tensor:
     """Write round_to(x, fmt, saturate=saturate) (to nearest) into ``out``, with torch's cast."""
@@ -522,7 +537,7 @@ def _round_by_torch_cast(x: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype,
         x = x.to(torch.float32)  # float16 and bfloat16 are exact in float32
     if saturate:  # beyond max_value, rounding to nearest gives max_value or overflows: clamp first
         x = x.clamp(-fmt.max_value, fmt.max_value)  # (NaN stays NaN)
-    out.copy_(x.to(dtype))
+    out.copy_(from_float8(x.to(dtype)))
     if saturate or fmt.has_infinity or not fmt.has_nan:
         return out
     # No infinity (E4M3): torch's cast of an overflow (inf, |x| > 464) is ±448 in torch 2.13 and NaN

@@ -35,7 +35,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from mpcourse.formats import E2M1, E4M3, E5M2, FP32, FloatFormat, exact_pow2, get_format, round_to
+from mpcourse.formats import (E2M1, E4M3, E5M2, FP32, FloatFormat, exact_pow2, from_float8, get_format,
+                              round_to)
 from mpcourse.fp8.microscaling import (E8M0_BIAS, MX_ELEMENT_FORMATS, mx_shared_exponent,
                                        nvfp4_scales)
 
@@ -88,7 +89,7 @@ class QuantizedTensor:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The values the quantized tensor stands for: ``data / scale``, computed in float32."""
-        return (self.data.float() / self.scale_per_element()).to(dtype)
+        return (from_float8(self.data) / self.scale_per_element()).to(dtype)
 
     def t(self) -> QuantizedTensor:
         """The transpose of a 2-D quantized tensor (data, scales and groups all transposed).
