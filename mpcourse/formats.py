@@ -520,7 +520,8 @@ def from_float8(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Te
     cast from float8 is element by element, a few times slower than the lookup."""
     if x.device.type != "cpu" or x.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         return x.to(dtype)
-    return _float8_values(x.dtype, dtype).take(x.view(torch.uint8).long())
+    codes = x.view(torch.uint8).reshape(-1).int()
+    return _float8_values(x.dtype, dtype).index_select(0, codes).reshape(x.shape)
 
 
 @functools.lru_cache(maxsize=None)
