@@ -260,8 +260,8 @@ def _emulate(a: QuantizedTensor, b: QuantizedTensor, accumulate, promote_every) 
     count = K // stretch
     wide = torch.float64 if accumulate == "fp64" else torch.float32
     exact = torch.float64 if isinstance(accumulate, FloatFormat) else wide
-    a_stretches = from_float8(a.data, exact).reshape(M, count, stretch).transpose(0, 1)  # (count, M, stretch)
-    b_stretches = from_float8(b.data, exact).reshape(count, stretch, N)                  # (count, stretch, N)
+    a_stretches = from_float8(a.data, exact).reshape(M, count, stretch).transpose(0, 1)  # (count, M, s)
+    b_stretches = from_float8(b.data, exact).reshape(count, stretch, N)                  # (count, s, N)
     # Autocast would run bmm in FP16/BF16 and round the sums: the accumulator is ours to choose.
     with torch.autocast(a.data.device.type, enabled=False):
         partials = _partial_sums(a_stretches, b_stretches, accumulate).to(wide)  # (count, M, N)
@@ -271,7 +271,7 @@ def _emulate(a: QuantizedTensor, b: QuantizedTensor, accumulate, promote_every) 
     b_scale = b.scale_per_element().expand(K, N)[::stretch, :].to(wide)
     terms = partials / (a_scale.t()[:, :, None] * b_scale[:, None, :])  # (count, M, N)
     out = torch.zeros(M, N, dtype=wide, device=a.data.device)
-    for term in terms:  # one stretch after the other: the order of the additions is part of the result
+    for term in terms:  # in order, one stretch after the other: the order is part of the result
         out += term
     return out
 

