@@ -462,9 +462,12 @@ def _in_pieces(t: torch.Tensor, fill) -> torch.Tensor:
         out = torch.from_numpy(np.empty(t.shape, dtype=np.float32))  # write ~5x sooner
     else:
         out = torch.empty(t.shape, dtype=torch.float32, device=t.device)
-    piece = _CPU_PIECE if t.device.type == "cpu" else max(t.numel(), 1)
-    for source, target in zip(t.detach().reshape(-1).split(piece), out.view(-1).split(piece)):
+    source, target = t.detach().reshape(-1), out.view(-1)
+    if t.device.type != "cpu" or t.numel() <= _CPU_PIECE:  # one piece: no split to pay for
         fill(source, target)
+        return out
+    for source_piece, target_piece in zip(source.split(_CPU_PIECE), target.split(_CPU_PIECE)):
+        fill(source_piece, target_piece)
     return out
 
 
@@ -679,8 +682,10 @@ def _fast_path_agrees(method: str, fmt: FloatFormat, rounding: str, device: torc
 def _denormals_flushed() -> bool:
     """Whether this thread's CPU float arithmetic flushes subnormals (``torch.set_flush_denormal``;
     torch has no getter): twice the smallest float32 subnormal comes out as zero bits."""
-    tiny = torch.tensor(2.0**-149, dtype=torch.float32) * 2.0
-    return int(tiny.view(torch.int32)) == 0
+    return int((_SMALLEST_SUBNORMAL * 2.0).view(torch.int32)) == 0
+
+
+_SMALLEST_SUBNORMAL = torch.tensor(2.0**-149, dtype=torch.float32)  # made once: round_to asks often
 
 
 def round_scalar(value: float, fmt, *, rounding: str = "nearest_even", saturate: bool = False,
