@@ -269,10 +269,10 @@ def _emulate(a: QuantizedTensor, b: QuantizedTensor, accumulate, promote_every) 
     # Each stretch's scales: a's (M, count), b's (count, N); then promote, in order, into `out`.
     a_scale = a.scale_per_element().expand(M, K)[:, ::stretch].to(wide)
     b_scale = b.scale_per_element().expand(K, N)[::stretch, :].to(wide)
-    terms = partials / (a_scale.t()[:, :, None] * b_scale[:, None, :])  # (count, M, N)
+    divisors = a_scale.t()[:, :, None] * b_scale[:, None, :]  # (count, M, N)
     out = torch.zeros(M, N, dtype=wide, device=a.data.device)
-    for term in terms:  # in order, one stretch after the other: the order is part of the result
-        out += term
+    for partial, divisor in zip(partials, divisors):  # in order: the order is part of the result
+        out.addcdiv_(partial, divisor)  # out + partial / divisor, each rounded, in one pass
     return out
 
 
