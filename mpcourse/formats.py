@@ -462,9 +462,12 @@ def _in_pieces(t: torch.Tensor, fill) -> torch.Tensor:
         out = torch.from_numpy(np.empty(t.shape, dtype=np.float32))  # write ~5x sooner
     else:
         out = torch.empty(t.shape, dtype=torch.float32, device=t.device)
-    piece = _CPU_PIECE if t.device.type == "cpu" else max(t.numel(), 1)
-    for source, target in zip(t.detach().reshape(-1).split(piece), out.view(-1).split(piece)):
+    source, target = t.detach().reshape(-1), out.view(-1)
+    if t.device.type != "cpu" or t.numel() <= _CPU_PIECE:  # one piece: no split to pay for
         fill(source, target)
+        return out
+    for source_piece, target_piece in zip(source.split(_CPU_PIECE), target.split(_CPU_PIECE)):
+        fill(source_piece, target_piece)
     return out
 
 
@@ -513,11 +516,20 @@ def exact_pow2(e: torch.Tensor) -> torch.Tensor:
     return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
 
 
-def _cast_needs_fixing(fmt: FloatFormat, saturate: bool) -> bool:
-    """Whether torch's cast needs a pass after it: to clamp infinities where round_to saturates,
-    or to set E4M3's overflow itself, which torch's cast gives as ±448 in torch 2.13 and as NaN in
-    torch 2.11 (on CPU and CUDA alike)."""
-    return (saturate and fmt.has_infinity) or (not fmt.has_infinity and fmt.has_nan)
+def from_float8(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``x.to(dtype)``; for a float8 tensor on a CPU, each code looked up in a table of all 256.
+
+    The table is torch's own cast of the 256 codes, so the numbers are the cast's; torch's CPU
+    cast from float8 is element by element, a few times slower than the lookup."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return x.to(dtype)
+    codes = x.view(torch.uint8).reshape(-1).int()
+    return _float8_values(x.dtype, dtype).index_select(0, codes).reshape(x.shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _float8_values(float8: torch.dtype, dtype: torch.dtype) -> torch.Tensor:
+    return torch.arange(256, dtype=torch.uint8).view(float8).to(dtype)
 
 
 def _round_by_torch_cast(x: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype,
@@ -527,19 +539,16 @@ def _round_by_torch_cast(x: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype,
         x = _float32_rounded_to_odd(x)
     elif x.dtype != torch.float64:
         x = x.to(torch.float32)  # float16 and bfloat16 are exact in float32
-    out.copy_(x.to(dtype))
-    if not _cast_needs_fixing(fmt, saturate):
+    if saturate:  # beyond max_value, rounding to nearest gives max_value or overflows: clamp first
+        x = x.clamp(-fmt.max_value, fmt.max_value)  # (NaN stays NaN)
+    out.copy_(from_float8(x.to(dtype)))
+    if saturate or fmt.has_infinity or not fmt.has_nan:
         return out
-    if fmt.has_infinity:  # saturate: overflow (and inf) came out as ±inf, clamp it
-        return out.clamp_(-fmt.max_value, fmt.max_value)
     # No infinity (E4M3): torch's cast of an overflow (inf, |x| > 464) is ±448 in torch 2.13 and NaN
     # in torch 2.11, so set it here, by round_to's rule on either. The overflow starts at the
     # midpoint above max_value, which rounds up if max_value is odd.
     edge = fmt.max_value + 2.0 ** (fmt.emax - fmt.mantissa_bits - 1)
     overflow = x.abs() >= edge if fmt._top_mantissa % 2 else x.abs() > edge
-    if saturate:
-        return torch.where(overflow, torch.copysign(torch.full_like(out, fmt.max_value), x.to(out.dtype)),
-                           out, out=out)
     return out.masked_fill_(overflow, math.nan)
 
 
@@ -609,9 +618,10 @@ def _round_by_gaps(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: b
     a = x.abs()
     # 2**e for a in [2**e, 2**(e+1)): a's bits with the significand cleared (0 for a carrier
     # subnormal, inf for inf and NaN), at least 2**emin, times 2**-M: all exact powers of two.
+    # At most 2**emax: inf and NaN (power inf) get a finite gap, so steps stay inf and NaN;
+    # a finite a beyond the top binade still rounds to a multiple above max_value (overflow).
     power = (a.view(c.int_dtype) & c.inf_bits).view(c.dtype)
-    gap = torch.clamp(power, min=2.0 ** fmt.emin) * 2.0 ** -fmt.mantissa_bits
-    gap = torch.where(torch.isinf(power), 1.0, gap)            # inf and NaN: steps = a itself
+    gap = torch.clamp(power, min=2.0 ** fmt.emin, max=2.0 ** fmt.emax) * 2.0 ** -fmt.mantissa_bits
     steps = a / gap
     if rounding == "stochastic":
         below = torch.floor(steps)
@@ -623,12 +633,15 @@ def _round_by_gaps(x: torch.Tensor, fmt: FloatFormat, rounding: str, saturate: b
         overflow = fmt.max_value
     else:
         overflow = math.inf if fmt.has_infinity else math.nan
-    too_big = y > fmt.max_value                                  # NaN stays NaN: never too big
+    # (A clamp where the overflow is max_value: a mask and torch.where cost ten times more.)
     if rounding == "toward_zero":  # rounding toward zero never turns a finite value into inf
+        too_big = y > fmt.max_value                              # NaN stays NaN: never too big
         y = torch.where(too_big & torch.isfinite(a), fmt.max_value, torch.where(too_big, overflow, y))
+    elif overflow == fmt.max_value:
+        y = y.clamp(max=fmt.max_value)                           # NaN stays NaN
     else:
-        y = torch.where(too_big, overflow, y)
-    return out.copy_(torch.copysign(y, x))
+        y = torch.where(y > fmt.max_value, overflow, y)
+    return torch.copysign(y, x, out=out)
 
 
 @functools.lru_cache(maxsize=None)
@@ -669,8 +682,10 @@ def _fast_path_agrees(method: str, fmt: FloatFormat, rounding: str, device: torc
 def _denormals_flushed() -> bool:
     """Whether this thread's CPU float arithmetic flushes subnormals (``torch.set_flush_denormal``;
     torch has no getter): twice the smallest float32 subnormal comes out as zero bits."""
-    tiny = torch.tensor(2.0**-149, dtype=torch.float32) * 2.0
-    return int(tiny.view(torch.int32)) == 0
+    return int((_SMALLEST_SUBNORMAL * 2.0).view(torch.int32)) == 0
+
+
+_SMALLEST_SUBNORMAL = torch.tensor(2.0**-149, dtype=torch.float32)  # made once: round_to asks often
 
 
 def round_scalar(value: float, fmt, *, rounding: str = "nearest_even", saturate: bool = False,

@@ -49,7 +49,7 @@ import warnings
 
 import torch
 
-from mpcourse.formats import FloatFormat, get_format, round_to
+from mpcourse.formats import FloatFormat, from_float8, get_format, round_to
 from mpcourse.fp8.quantization import QuantizedTensor
 
 BACKENDS = ("auto", "torch", "emulate")
@@ -260,8 +260,8 @@ def _emulate(a: QuantizedTensor, b: QuantizedTensor, accumulate, promote_every) 
     count = K // stretch
     wide = torch.float64 if accumulate == "fp64" else torch.float32
     exact = torch.float64 if isinstance(accumulate, FloatFormat) else wide
-    a_stretches = a.data.to(exact).reshape(M, count, stretch).transpose(0, 1)  # (count, M, stretch)
-    b_stretches = b.data.to(exact).reshape(count, stretch, N)                  # (count, stretch, N)
+    a_stretches = from_float8(a.data, exact).reshape(M, count, stretch).transpose(0, 1)  # (count, M, s)
+    b_stretches = from_float8(b.data, exact).reshape(count, stretch, N)                  # (count, s, N)
     # Autocast would run bmm in FP16/BF16 and round the sums: the accumulator is ours to choose.
     with torch.autocast(a.data.device.type, enabled=False):
         partials = _partial_sums(a_stretches, b_stretches, accumulate).to(wide)  # (count, M, N)
@@ -269,9 +269,10 @@ def _emulate(a: QuantizedTensor, b: QuantizedTensor, accumulate, promote_every) 
     # Each stretch's scales: a's (M, count), b's (count, N); then promote, in order, into `out`.
     a_scale = a.scale_per_element().expand(M, K)[:, ::stretch].to(wide)
     b_scale = b.scale_per_element().expand(K, N)[::stretch, :].to(wide)
+    divisors = a_scale.t()[:, :, None] * b_scale[:, None, :]  # (count, M, N)
     out = torch.zeros(M, N, dtype=wide, device=a.data.device)
-    for c in range(count):
-        out += partials[c] / (a_scale[:, c:c + 1] * b_scale[c:c + 1, :])
+    for partial, divisor in zip(partials, divisors):  # in order: the order is part of the result
+        out.addcdiv_(partial, divisor)  # out + partial / divisor, each rounded, in one pass
     return out
 
 

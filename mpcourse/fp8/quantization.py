@@ -31,11 +31,13 @@ scale is set by its own maximum only.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
 
-from mpcourse.formats import E2M1, E4M3, E5M2, FP32, FloatFormat, exact_pow2, get_format, round_to
+from mpcourse.formats import (E2M1, E4M3, E5M2, FP32, FloatFormat, exact_pow2, from_float8, get_format,
+                              round_to)
 from mpcourse.fp8.microscaling import (E8M0_BIAS, MX_ELEMENT_FORMATS, mx_shared_exponent,
                                        nvfp4_scales)
 
@@ -88,7 +90,7 @@ class QuantizedTensor:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The values the quantized tensor stands for: ``data / scale``, computed in float32."""
-        return (self.data.float() / self.scale_per_element()).to(dtype)
+        return (from_float8(self.data) / self.scale_per_element()).to(dtype)
 
     def t(self) -> QuantizedTensor:
         """The transpose of a 2-D quantized tensor (data, scales and groups all transposed).
@@ -210,7 +212,9 @@ def quantize(x: torch.Tensor, fmt=None, *, granularity: str = "tensor", axis: in
     if granularity == "tensor":
         scale, amax = scale.reshape(()), amax.reshape(())
 
-    scaled = x * _broadcast_scale(scale, x.shape, group_shape)
+    # each group times its own scale, without copying the scale out to every element
+    group_scale = scale.reshape([n for c in _group_counts(x.shape, group_shape) for n in (c, 1)])
+    scaled = (_grouped(x, group_shape) * group_scale).reshape(x.shape)
     # round_to takes torch's own cast itself where it is proven identical (and rounds float64 once)
     data = round_to(scaled, fmt, rounding=rounding, saturate=True, generator=generator)
     if fmt in TORCH_DTYPES:
@@ -227,10 +231,14 @@ def _group_amax(x: torch.Tensor, group_shape) -> torch.Tensor:
     """The largest magnitude in each group: shape (n0 // g0, n1 // g1, ...)."""
     if x.dim() == 0:
         return x.abs()
+    return _grouped(x.abs(), group_shape).amax(dim=tuple(range(1, 2 * x.dim(), 2)))
+
+
+def _grouped(x: torch.Tensor, group_shape) -> torch.Tensor:
+    """x as (n0 // g0, g0, n1 // g1, g1, ...): (count, size) per dimension, a group's elements
+    on the odd dimensions."""
     counts = _group_counts(x.shape, group_shape)
-    # Interleave (count, size) per dimension, then reduce over the sizes: one amax per group.
-    blocks = x.abs().reshape([n for pair in zip(counts, group_shape) for n in pair])
-    return blocks.amax(dim=tuple(range(1, 2 * x.dim(), 2)))
+    return x.reshape([n for pair in zip(counts, group_shape) for n in pair])
 
 
 def _broadcast_scale(scale: torch.Tensor, shape, group_shape) -> torch.Tensor:
@@ -282,7 +290,7 @@ def _checked_input(x) -> torch.Tensor:
     if x.numel() == 0:
         raise ValueError("x is empty: there is no amax to scale by")
     x = x.detach().float()
-    if not bool(torch.isfinite(x).all()):
+    if not bool(x.abs().amax().isfinite()):  # amax propagates NaN (and costs a fifth of isfinite)
         raise ValueError("x contains NaN or infinity: a scale needs a finite amax (infinity would "
                          "give scale 0, NaN would spread to its whole group); find where it came from")
     return x
@@ -331,6 +339,6 @@ def _checked_scale(scale, device) -> torch.Tensor:
     scale = torch.as_tensor(scale, dtype=torch.float32).to(device)
     if scale.numel() != 1:
         raise ValueError(f"scale= is one number for the whole tensor, got shape {tuple(scale.shape)}")
-    if not bool(torch.isfinite(scale).all() & (scale > 0).all()):
+    if not bool((scale > 0) & (scale < math.inf)):  # positive and finite (NaN fails both)
         raise ValueError(f"scale must be positive and finite, got {float(scale)}")
     return scale.reshape(())
