@@ -6,6 +6,7 @@ instructor's secret. Never runs student code: it writes what the judge decided, 
     register(course, assignment, url)     # the assignment, its notebook, points and cells
     graded_students(gradebook, assignment, points) -> {students with every part's grade written}
     record(gradebook, course, assignment, student, result, ...)  # one student, from the scheduler
+    stored_flags(course, student, assignment) -> {part: [why]}    # the review flags kept with a grade
     scores(course, assignment, url) -> {student: {test cell: score}}
     export(course, to, url)               # `nbgrader export`: one CSV row per student and assignment
 
@@ -181,7 +182,8 @@ def instructor_secret(course: Path) -> str:
 def record(gradebook, course, assignment, student, result, points, release, report, *, secrets, hidden_lines,
            feedback=True, fingerprint=None):
     """Write one student's points to the gradebook, their feedback notebook to autograded/ (unless
-    not `feedback`: the one there stays) and what the instructor must know to `report`.
+    not `feedback`: the one there stays) and what the instructor must know to `report`; their review
+    flags beside it (FLAGGED), for the runs that skip them as graded (`stored_flags`).
     `fingerprint`: submission_fingerprint taken before the submission was read for grading (a
     submission replaced while it was graded is then graded again on the next run); None: taken now."""
     verdicts, ran, problem, note, flags = result
@@ -202,11 +204,14 @@ def record(gradebook, course, assignment, student, result, points, release, repo
     report.messages[student] = {t: str(v.get("message"))[:2000] for t, v in verdicts.items() if not v.get("passed")}
     if fingerprint is None:
         fingerprint = submission_fingerprint(course, student, assignment)
-    write_grades(gradebook, assignment, student, scores)
     folder = course / "autograded" / student / assignment
     for path in (course / "autograded", course / "autograded" / student, folder):
         if path.is_symlink():
-            raise ValueError(f"{path} is a symbolic link: the grader writes no feedback through it")
+            raise ValueError(f"{path} is a symbolic link: the grader writes nothing through it")
+    # The flags before the grade: a run stopped between the two leaves flags without a grade (the
+    # next run grades that student again), never a grade whose flags nobody is told of.
+    write_private(folder / FLAGGED, json.dumps(flags or {}) + "\n")
+    write_grades(gradebook, assignment, student, scores)
     if fingerprint is not None:
         write_private(folder / GRADED_FROM, fingerprint + "\n")
     if ran is not None and feedback:
@@ -222,6 +227,8 @@ def record(gradebook, course, assignment, student, result, points, release, repo
 
 
 GRADED_FROM = ".graded-submission"  # in autograded/<student>/<assignment>/: what `record` graded
+FLAGGED = ".review-flags"            # beside it: the answers `record` flagged for review, {part: [why]}
+FLAGS_BYTES = 1_000_000              # more than the grader writes; a larger file is not read
 
 
 def submission_fingerprint(course: Path, student: str, assignment: str) -> str | None:
@@ -245,6 +252,26 @@ def graded_from(course: Path, student: str, assignment: str) -> str | None:
         return None if path.is_symlink() else path.read_text().strip() or None
     except OSError:
         return None
+
+
+def stored_flags(course: Path, student: str, assignment: str) -> dict[str, list[str]]:
+    """The review flags written with the student's grade ({part: [why to read it]}; {} when none,
+    or none recorded: a grade written before flags were kept, or on another machine). A run that
+    skips the student as graded reports them (red team 45i, A09: a run stopped after a flagged
+    student's grade was written, then rerun, never said to read that answer)."""
+    path = course / "autograded" / student / assignment / FLAGGED
+    try:
+        if path.is_symlink() or not path.is_file():
+            return {}
+        if path.stat().st_size > FLAGS_BYTES:
+            raise ValueError("too large")
+        flags = json.loads(path.read_text(encoding="utf-8"))
+        if not (isinstance(flags, dict) and all(isinstance(part, str) and isinstance(why, list)
+                                                and all(isinstance(w, str) for w in why) for part, why in flags.items())):
+            raise ValueError("not {part: [why]}")
+    except (OSError, ValueError) as error:  # the grader's own file, damaged: say so rather than nothing
+        return {"?": [f"may be flagged: {path} cannot be read ({error}); read the whole answer"]}
+    return flags
 
 
 def handed_in_again(course: Path, assignment: str, students: list[str]) -> list[str]:
