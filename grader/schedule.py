@@ -41,8 +41,9 @@ from pathlib import Path
 from grader import judge
 from grader import sandbox as sandboxing
 from grader.feedback import hidden_test_lines, seeds_of
-from grader.gradebook import (db_url, graded_students, handed_in_again, instructor_secret, record, register,
-                              registered, stored_flags, submission_fingerprint, submitters, without_password)
+from grader.gradebook import (create_graded_table, db_url, graded_records, graded_students, handed_in_again,
+                              instructor_secret, record, register, registered, stored_flags, submission_fingerprint,
+                              submitters, without_password)
 from grader.notebooks import (files_note, grade_id, normalised, part_of, read_notebook, read_submission, recovered,
                               source_text, student_code, submission_files)
 from grader.review_flags import ANSWER_CHARS, review_flags
@@ -182,12 +183,14 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
         # nbgrader's API adds a submission's rows in an order SQLAlchemy 2 notes three times per run
         # ("not in session, add operation ... will not proceed"): harmless, the rows are written.
         warnings.filterwarnings("ignore", category=SAWarning)
+        create_graded_table(gradebook)  # a gradebook of an earlier version of the grader lacks it
         if not regrade:
-            done = graded_students(gradebook, assignment, points)
-            report.again = handed_in_again(course, assignment, [s for s in students if s in done])
+            done, records = graded_students(gradebook, assignment, points), graded_records(gradebook, assignment)
+            report.again = handed_in_again(course, assignment, [s for s in students if s in done], records)
             done -= set(report.again)
             report.skipped = [s for s in students if s in done]
-            report.flagged_before = {s: flags for s in report.skipped if (flags := stored_flags(course, s, assignment))}
+            report.flagged_before = {s: flags for s in report.skipped
+                                     if (flags := stored_flags(course, s, assignment, records))}
             students = [s for s in students if s not in done]
         runs = execute is True or bool(set(execute or ()) & set(students))  # a notebook run needs the release's course
         template = template_course(course, assignment, Path(scratch)) if students and runs else None

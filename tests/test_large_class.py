@@ -127,8 +127,8 @@ def expected(student: str) -> dict:
 
 
 def graded_by_stand_ins(course: Path, monkeypatch):
-    """schedule.grade with grade_student's stand-in and no sandbox, template or reference run:
-    run(stand_in, **options) -> Report."""
+    """schedule.grade of `course` with grade_student's stand-in and no sandbox, template or
+    reference run: run(stand_in, **options) -> Report."""
     for name in ("sandbox_problem", "environment_problem"):
         monkeypatch.setattr(schedule, name, lambda *args: None)
     monkeypatch.setattr(schedule, "template_course", lambda course, assignment, scratch: scratch)
@@ -240,9 +240,41 @@ def test_a_rerun_lists_the_flagged_answers_of_the_students_it_skips_as_graded(tm
     # graded again, its answer no longer flagged: no longer listed
     assert run(StandIn(release), students=["cy"], regrade=True).flags == {}
     assert run(StandIn(release)).flagged_before == {}
-    # the grader's own file damaged: said, not taken as "no flags"
-    (course / "autograded" / "cy" / ASSIGNMENT / gradebook.FLAGGED).write_text("{not json")
+    # the grader's own record damaged: said, not taken as "no flags"
+    with gradebook_of(course) as book:
+        book.db.execute(text(f"UPDATE {gradebook.GRADED} SET flags = '{{not json' WHERE student = 'cy'"))
+        book.db.commit()
     assert "cannot be read" in run(StandIn(release)).flagged_before["cy"]["?"][0]
+    # a grade written before the gradebook kept flags: those of this machine's autograded/
+    with gradebook_of(course) as book:
+        book.db.execute(text(f"DELETE FROM {gradebook.GRADED} WHERE student = 'cy'"))
+        book.db.commit()
+    (course / "autograded" / "cy" / ASSIGNMENT / gradebook.FLAGGED).write_text(json.dumps(flagged))
+    assert run(StandIn(release)).flagged_before == {"cy": flagged}
+
+
+def test_a_shard_rerun_on_another_machine_grades_a_resubmission_again_and_lists_the_flags(tmp_path, monkeypatch):
+    """Red team 45i, A02: what a student was graded from was known only in the autograded/ folder of
+    the machine that graded them, so shard 2's command rerun on machine 1 (the guide allows it)
+    kept bob's 0 for a 10/10 re-submission, silently. Two course folders sharing one gradebook
+    stand for two machines sharing a PostgreSQL server."""
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"
+    one, two = (course_of(tmp_path / machine, {s: {} for s in STUDENTS}) for machine in ("m1", "m2"))
+    release = notebooks.read_notebook(one / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    gradebook.prepare(one, ASSIGNMENT, shared)
+    theirs = [s for s in STUDENTS if schedule.in_shard(s, (2, 2))]
+    assert "bob" in theirs and "ada" in theirs
+    flagged = {"p2": ["inspects frames or source"]}
+    graded_by_stand_ins(two, monkeypatch)(StandIn(release, flags={"ada": flagged}), shard=(2, 2), url=shared)
+    for machine in (one, two):  # bob hands in again; the download is collected on both machines
+        submitted = machine / "submitted" / "bob" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+        submitted.write_text(submitted.read_text().replace("{", "{\n", 1))
+    on_one = graded_by_stand_ins(one, monkeypatch)
+    again = StandIn(release)
+    rerun = on_one(again, shard=(2, 2), url=shared)
+    assert rerun.again == ["bob"] and [s for s, _ in again.calls] == ["bob"]
+    assert rerun.flagged_before == {"ada": flagged}  # flagged on machine 2, listed on machine 1
+    assert on_one(StandIn(release), shard=(2, 2), url=shared).again == []  # graded from what is there now
 
 
 def test_feedback_for_one_student_of_a_class_of_50000_already_graded(tmp_path, monkeypatch):
