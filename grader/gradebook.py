@@ -6,6 +6,7 @@ instructor's secret. Never runs student code: it writes what the judge decided, 
     register(course, assignment, url)     # the assignment, its notebook, points and cells
     graded_students(gradebook, assignment, points) -> {students with every part's grade written}
     record(gradebook, course, assignment, student, result, ...)  # one student, from the scheduler
+    stored_flags(course, student, assignment) -> {part: [why]}    # the review flags kept with a grade
     scores(course, assignment, url) -> {student: {test cell: score}}
     export(course, to, url)               # `nbgrader export`: one CSV row per student and assignment
 
@@ -13,8 +14,11 @@ The gradebook is SQLite (`gradebook.db` in the course) on one machine, or any da
 `CourseDirectory.db_url` names: PostgreSQL (`postgresql+psycopg://user@host/database`) where
 several machines grade one assignment at once. One writer per grading process (the scheduler's
 thread); each student's rows are written in a transaction of their own, retried if the database
-is busy, so that shards (each with its own students) never write the same rows.
+is busy, so that shards (each with its own students) never write the same rows. With them, in a
+table of the grader's own (GRADED), what was graded and its review flags: any machine's rerun
+reads them.
 """
+import functools
 import json
 import os
 import subprocess
@@ -100,8 +104,9 @@ def submitters(course: Path, assignment: str) -> list[str]:
 
 
 def prepare(course: Path, assignment: str, url: str | None = None) -> list[str]:
-    """Once, before the shards of a grading start: the gradebook's schema, `assignment` and every
-    student who handed it in, so that no two shards ever create the same rows. Returns the students."""
+    """Once, before the shards of a grading start: the gradebook's schema (with GRADED), `assignment`
+    and every student who handed it in, so that no two shards ever create the same rows. Returns
+    the students."""
     from nbgrader.api import Gradebook
     from sqlalchemy import create_engine
     engine = create_engine(db_url(course, url))
@@ -119,6 +124,7 @@ def prepare(course: Path, assignment: str, url: str | None = None) -> list[str]:
     from grader.results import create_table
     create_table(db_url(course, url))
     with Gradebook(db_url(course, url)) as gradebook:
+        create_graded_table(gradebook)
         for student in students:
             gradebook.update_or_create_student(student)
     return students
@@ -183,7 +189,8 @@ def instructor_secret(course: Path) -> str:
 def record(gradebook, course, assignment, student, result, points, release, report, *, secrets, hidden_lines,
            feedback=True, fingerprint=None):
     """Write one student's points to the gradebook, their feedback notebook to autograded/ (unless
-    not `feedback`: the one there stays) and what the instructor must know to `report`.
+    not `feedback`: the one there stays) and what the instructor must know to `report`; their review
+    flags beside it (FLAGGED), for the runs that skip them as graded (`stored_flags`).
     `fingerprint`: submission_fingerprint taken before the submission was read for grading (a
     submission replaced while it was graded is then graded again on the next run); None: taken now."""
     verdicts, ran, problem, note, flags = result
@@ -204,11 +211,14 @@ def record(gradebook, course, assignment, student, result, points, release, repo
     report.messages[student] = {t: str(v.get("message"))[:2000] for t, v in verdicts.items() if not v.get("passed")}
     if fingerprint is None:
         fingerprint = submission_fingerprint(course, student, assignment)
-    write_grades(gradebook, assignment, student, scores, report)
     folder = course / "autograded" / student / assignment
     for path in (course / "autograded", course / "autograded" / student, folder):
         if path.is_symlink():
-            raise ValueError(f"{path} is a symbolic link: the grader writes no feedback through it")
+            raise ValueError(f"{path} is a symbolic link: the grader writes nothing through it")
+    # The flags before the grade: a run stopped between the two leaves flags without a grade (the
+    # next run grades that student again), never a grade whose flags nobody is told of.
+    write_private(folder / FLAGGED, json.dumps(flags or {}) + "\n")
+    write_grades(gradebook, assignment, student, scores, report, fingerprint=fingerprint, flags=flags or {})
     if fingerprint is not None:
         write_private(folder / GRADED_FROM, fingerprint + "\n")
     if ran is not None and feedback:
@@ -225,6 +235,43 @@ def record(gradebook, course, assignment, student, result, points, release, repo
 
 
 GRADED_FROM = ".graded-submission"  # in autograded/<student>/<assignment>/: what `record` graded
+FLAGGED = ".review-flags"            # beside it: the answers `record` flagged for review, {part: [why]}
+FLAGS_BYTES = 1_000_000              # more than the grader writes; larger flags are not read
+# The same, in the gradebook, beside nbgrader's tables: a shard's command rerun on another machine
+# (whose autograded/ never saw that student) still finds what was graded, and grades a
+# re-submission again (red team 45i, A02: it kept 0 for a 10/10 re-submission, silently).
+GRADED = "grader_graded_submission"
+
+
+@functools.cache
+def graded_table():
+    """GRADED: per assignment and student, the fingerprint of the submission graded and its review
+    flags (JSON), written with the grade (`write_grades`)."""
+    from sqlalchemy import Column, MetaData, String, Table, Text
+    return Table(GRADED, MetaData(), Column("assignment", String(128), primary_key=True),
+                 Column("student", String(STUDENT_ID_CHARS), primary_key=True),
+                 Column("fingerprint", String(64), nullable=False), Column("flags", Text, nullable=False))
+
+
+def create_graded_table(gradebook) -> None:
+    """GRADED in `gradebook`'s database, unless there (`prepare` makes it before the shards start;
+    two processes creating it at once: one does, the other finds it made)."""
+    from sqlalchemy import inspect
+    from sqlalchemy.exc import SQLAlchemyError
+    try:
+        graded_table().create(gradebook.db.connection(), checkfirst=True)  # in the session's transaction
+        gradebook.db.commit()
+    except SQLAlchemyError:
+        gradebook.db.rollback()
+        if GRADED not in inspect(gradebook.db.get_bind()).get_table_names():
+            raise
+
+
+def graded_records(gradebook, assignment: str) -> dict[str, tuple[str, str]]:
+    """{student: (fingerprint, flags as JSON)} of `assignment` from GRADED."""
+    table = graded_table()
+    rows = gradebook.db.execute(table.select().where(table.c.assignment == assignment)).all()
+    return {row.student: (row.fingerprint, row.flags) for row in rows}
 
 
 def submission_fingerprint(course: Path, student: str, assignment: str) -> str | None:
@@ -241,8 +288,11 @@ def submission_fingerprint(course: Path, student: str, assignment: str) -> str |
     return digest.hexdigest()
 
 
-def graded_from(course: Path, student: str, assignment: str) -> str | None:
-    """The fingerprint of the submission a student was last graded from (None: not recorded)."""
+def graded_from(course: Path, student: str, assignment: str, records: dict | None = None) -> str | None:
+    """The fingerprint of the submission a student was last graded from: the gradebook's
+    (`records`, graded_records), else this machine's autograded/ (None: not recorded)."""
+    if student in (records or {}):
+        return records[student][0]
     path = course / "autograded" / student / assignment / GRADED_FROM
     try:
         return None if path.is_symlink() else path.read_text().strip() or None
@@ -250,13 +300,41 @@ def graded_from(course: Path, student: str, assignment: str) -> str | None:
         return None
 
 
-def handed_in_again(course: Path, assignment: str, students: list[str]) -> list[str]:
+def stored_flags(course: Path, student: str, assignment: str, records: dict | None = None) -> dict[str, list[str]]:
+    """The review flags written with the student's grade ({part: [why to read it]}; {} when none,
+    or none recorded: a grade written before flags were kept): the gradebook's (`records`,
+    graded_records), else this machine's autograded/. A run that skips the student as graded
+    reports them (red team 45i, A09: a run stopped after a flagged student's grade was written,
+    then rerun, never said to read that answer)."""
+    path = course / "autograded" / student / assignment / FLAGGED
+    where = f"{GRADED} in the gradebook" if student in (records or {}) else str(path)
+    try:
+        if student in (records or {}):
+            text = records[student][1]
+        elif path.is_symlink() or not path.is_file():
+            return {}
+        elif path.stat().st_size > FLAGS_BYTES:
+            raise ValueError("too large")
+        else:
+            text = path.read_text(encoding="utf-8")
+        if len(text) > FLAGS_BYTES:
+            raise ValueError("too large")
+        flags = json.loads(text)
+        if not (isinstance(flags, dict) and all(isinstance(part, str) and isinstance(why, list)
+                                                and all(isinstance(w, str) for w in why) for part, why in flags.items())):
+            raise ValueError("not {part: [why]}")
+    except (OSError, ValueError) as error:  # the grader's own file, damaged: say so rather than nothing
+        return {"?": [f"may be flagged: its flags in {where} cannot be read ({error}); read the whole answer"]}
+    return flags
+
+
+def handed_in_again(course: Path, assignment: str, students: list[str], records: dict | None = None) -> list[str]:
     """The graded `students` whose submission changed since it was graded (a collect of a later
     download replaced it): they are graded again (instructor walkthrough 47b, B1: a re-submission
-    kept its old 0 and its old feedback page, exported to Canvas)."""
+    kept its old 0 and its old feedback page, exported to Canvas). `records`: graded_records."""
     changed = []
     for student in students:
-        before = graded_from(course, student, assignment)
+        before = graded_from(course, student, assignment, records)
         if before is not None and before != submission_fingerprint(course, student, assignment):
             changed.append(student)
     return changed
@@ -275,12 +353,15 @@ def visible_failures(ran: dict, verdicts: dict, points: dict) -> list[str]:
     return failed
 
 
-def write_grades(gradebook, assignment: str, student: str, scores: dict, report=None) -> None:
+def write_grades(gradebook, assignment: str, student: str, scores: dict, report=None, *,
+                 fingerprint: str | None = None, flags: dict | None = None) -> None:
     """One student's rows, committed; tried again after a pause while the database is busy (another
     process holds SQLite's lock, or PostgreSQL reports a conflict). A student whose rows are not all
-    written stays ungraded (`graded_students`), so that the next run grades them again. `report`
-    (grader.schedule.Report): what it says of the student is written in the same transaction, for
-    `python -m grader results` (grader/results.py; its table made by `prepare` or `grade` first)."""
+    written stays ungraded (`graded_students`), so that the next run grades them again. In the same
+    transaction: with `report` (grader.schedule.Report), what it says of the student, for
+    `python -m grader results` (grader/results.py; its table made by `prepare` or `grade` first);
+    with `flags` (the review flags, {} for none), they and `fingerprint`, the submission's, in
+    GRADED, which every machine that reaches the gradebook reads."""
     from nbgrader.api import InvalidEntry
     from sqlalchemy.exc import IntegrityError, OperationalError
     for attempt in range(RETRIES):
@@ -292,6 +373,13 @@ def write_grades(gradebook, assignment: str, student: str, scores: dict, report=
             if report is not None:
                 from grader.results import write_notes
                 write_notes(gradebook, assignment, student, report)
+            if flags is not None:  # what was graded: this submission's, or (unread) none
+                table = graded_table()
+                mine = (table.c.assignment == assignment) & (table.c.student == student)
+                gradebook.db.execute(table.delete().where(mine))
+                if fingerprint is not None:
+                    gradebook.db.execute(table.insert().values(assignment=assignment, student=student,
+                                                               fingerprint=fingerprint, flags=json.dumps(flags)))
             gradebook.db.commit()
             return
         except (OperationalError, IntegrityError, InvalidEntry):

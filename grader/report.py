@@ -45,7 +45,8 @@ def print_table(assignment: str, graded: dict[str, dict[str, float]], points: di
 
 def print_report(report, messages: bool = True) -> None:
     """What the instructor must read: who was not graded, notes, per student and part the failure
-    message (as the runner gave it: never shown to students as is) and answers to read by hand."""
+    message (as the runner gave it: never shown to students as is) and answers to read by hand,
+    those this run graded and those an earlier run graded and flagged (red team 45i, A09)."""
     for student, why in sorted(report.not_graded.items()):
         fate = "no grade written: the next run grades them" if student in report.unwritten else "recorded as 0"
         print(one_line(f"  NOT GRADED {student}: {why} ({fate})"))
@@ -57,3 +58,7 @@ def print_report(report, messages: bool = True) -> None:
     for student, parts in sorted(report.flags.items()):
         for part, why in parts.items():
             print(one_line(f"  READ {student} {part}: its answer {', '.join(why)}"))
+    for student, parts in sorted(report.flagged_before.items()):  # skipped as graded
+        for part, why in parts.items():
+            print(one_line(f"  READ {student} {part}: its answer {', '.join(why)} (flagged by an earlier run, "
+                           "which graded it; still to read)"))

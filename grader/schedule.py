@@ -21,8 +21,9 @@ of their own, as before.
   thread (runs.run_sandboxed), so a neighbour neither starves nor slows an honest part.
 - One writer: the grades are written here, in this thread, one student at a time as each is done,
   whatever order they finish in (grader/gradebook.py). A stopped run keeps every grade written; a
-  rerun grades only the students without one, unless `regrade`. A student whose grading failed
-  (the grader's fault, not theirs) gets no grade written, so the next run grades them again.
+  rerun grades only the students without one, unless `regrade`, and reports the review flags
+  written with the grades of those it skips. A student whose grading failed (the grader's fault,
+  not theirs) gets no grade written, so the next run grades them again.
 - Many machines: `shard=(K, N)` grades the students whose `int(sha256(id), 16) % N == K - 1`, into
   one gradebook (PostgreSQL) that `gradebook.prepare` made before the shards started.
 """
@@ -40,8 +41,9 @@ from pathlib import Path
 from grader import judge
 from grader import sandbox as sandboxing
 from grader.feedback import hidden_test_lines, seeds_of
-from grader.gradebook import (db_url, graded_students, handed_in_again, instructor_secret, record, register,
-                              registered, submission_fingerprint, submitters, without_password)
+from grader.gradebook import (create_graded_table, db_url, graded_records, graded_students, handed_in_again,
+                              instructor_secret, record, register, registered, stored_flags, submission_fingerprint,
+                              submitters, without_password)
 from grader.notebooks import (files_note, grade_id, normalised, part_of, read_notebook, read_submission, recovered,
                               source_text, student_code, submission_files, uploaded_as)
 from grader.report import plural
@@ -70,6 +72,7 @@ class Report:
     seconds: dict = field(default_factory=dict)     # student -> wall-clock seconds of their grading
     unwritten: set = field(default_factory=set)     # not graded, and no grade written: the next run grades them
     skipped: list = field(default_factory=list)     # already graded before this run (no `regrade`)
+    flagged_before: dict = field(default_factory=dict)  # skipped student -> {part: [why]}, kept with their grade
     again: list = field(default_factory=list)       # graded before, handed in again since: graded again
     feedback: bool = True                           # False: feedback notebooks left as they were
     workers: int = 0                                # students graded at a time
@@ -183,11 +186,14 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
         # nbgrader's API adds a submission's rows in an order SQLAlchemy 2 notes three times per run
         # ("not in session, add operation ... will not proceed"): harmless, the rows are written.
         warnings.filterwarnings("ignore", category=SAWarning)
+        create_graded_table(gradebook)  # a gradebook of an earlier version of the grader lacks it
         if not regrade:
-            done = graded_students(gradebook, assignment, points)
-            report.again = handed_in_again(course, assignment, [s for s in students if s in done])
+            done, records = graded_students(gradebook, assignment, points), graded_records(gradebook, assignment)
+            report.again = handed_in_again(course, assignment, [s for s in students if s in done], records)
             done -= set(report.again)
             report.skipped = [s for s in students if s in done]
+            report.flagged_before = {s: flags for s in report.skipped
+                                     if (flags := stored_flags(course, s, assignment, records))}
             students = [s for s in students if s not in done]
         runs = execute is True or bool(set(execute or ()) & set(students))  # a notebook run needs the release's course
         template = template_course(course, assignment, Path(scratch)) if students and runs else None

@@ -99,10 +99,12 @@ def test_each_sandbox_gets_as_many_maths_threads_as_cpus(tmp_path):
 
 class StandIn:
     """grade_student's stand-in: student i passes the first i parts; each waits, if told, until
-    `wait(student)` lets it finish; students in `dies` fail as a crashed worker would."""
+    `wait(student)` lets it finish; students in `dies` fail as a crashed worker would; `flags`:
+    {student: review flags} their answers get."""
 
-    def __init__(self, release: dict, dies=(), wait=lambda student: None):
+    def __init__(self, release: dict, dies=(), wait=lambda student: None, flags=None):
         self.release, self.dies, self.wait, self.calls, self.lock = release, set(dies), wait, [], threading.Lock()
+        self.flags = flags or {}
 
     def __call__(self, course, assignment, student, template, source, release, secret, timeout, sandbox, execute,
                  reference=None):
@@ -113,7 +115,7 @@ class StandIn:
             raise MemoryError("the worker died")
         rank = sorted(STUDENTS).index(student)
         verdicts = {t: {"passed": i < rank, "message": "" if i < rank else "wrong"} for i, t in enumerate(points())}
-        return verdicts, self.release, None, None, None
+        return verdicts, self.release, None, None, self.flags.get(student)
 
 
 STUDENTS = ["ada", "bob", "cy", "dee"]
@@ -124,13 +126,26 @@ def expected(student: str) -> dict:
     return {t: (p if i < rank else 0.0) for i, (t, p) in enumerate(points().items())}
 
 
-def test_grades_are_written_once_as_known_and_a_rerun_grades_only_who_has_none(tmp_path, monkeypatch):
-    course = course_of(tmp_path / "course", {s: {} for s in STUDENTS})
-    release = notebooks.read_notebook(course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+def graded_by_stand_ins(course: Path, monkeypatch):
+    """schedule.grade of `course` with grade_student's stand-in and no sandbox, template or
+    reference run: run(stand_in, **options) -> Report."""
     for name in ("sandbox_problem", "environment_problem"):
         monkeypatch.setattr(schedule, name, lambda *args: None)
     monkeypatch.setattr(schedule, "template_course", lambda course, assignment, scratch: scratch)
     monkeypatch.setattr(schedule, "reference_records", lambda *args: {})  # the stand-in needs none
+
+    def run(stand_in, **options):
+        monkeypatch.setattr(schedule, "grade_student", stand_in)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return schedule.grade(course, ASSIGNMENT, workers=4, **options)
+    return run
+
+
+def test_grades_are_written_once_as_known_and_a_rerun_grades_only_who_has_none(tmp_path, monkeypatch):
+    course = course_of(tmp_path / "course", {s: {} for s in STUDENTS})
+    release = notebooks.read_notebook(course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    run = graded_by_stand_ins(course, monkeypatch)
     written, recorded = [], {s: threading.Event() for s in STUDENTS}
     real_record = schedule.record
 
@@ -145,12 +160,6 @@ def test_grades_are_written_once_as_known_and_a_rerun_grades_only_who_has_none(t
                 assert recorded[later].wait(60), f"{later}'s grade was not written while {student} was graded"
 
     monkeypatch.setattr(schedule, "record", record)
-
-    def run(stand_in, **options):
-        monkeypatch.setattr(schedule, "grade_student", stand_in)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return schedule.grade(course, ASSIGNMENT, workers=4, **options)
 
     first = run(StandIn(release, dies={"bob"}, wait=last_first))
     assert written == ["dee", "cy", "ada"]  # each as soon as known, in the order they finished
@@ -198,6 +207,88 @@ def test_grades_are_written_once_as_known_and_a_rerun_grades_only_who_has_none(t
     result = cli("grade", ASSIGNMENT, "--course", str(course), "--student", "nobody", check=False)
     assert result.returncode != 0 and "no submission of" in result.stderr and "nobody" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_rerun_lists_the_flagged_answers_of_the_students_it_skips_as_graded(tmp_path, monkeypatch, capsys):
+    """Red team 45i, A09: a flagged answer's grade was written, the run stopped (Ctrl-C) before its
+    report, and the rerun skipped that student as graded: nothing ever said to read the answer."""
+    from grader.__main__ import grade_course
+    course = course_of(tmp_path / "course", {s: {} for s in STUDENTS})
+    release = notebooks.read_notebook(course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    run = graded_by_stand_ins(course, monkeypatch)
+    monkeypatch.setenv(gradebook.SECRET_VARIABLE, "a-test-secret")
+    flagged = {"p1": ["inspects frames or source"]}
+    real_record = schedule.record
+
+    def stopped_after_cy(*args, **kw):
+        real_record(*args, **kw)
+        if args[3] == "cy":
+            raise KeyboardInterrupt  # Ctrl-C, as cy's grade has just been written
+    monkeypatch.setattr(schedule, "record", stopped_after_cy)
+    with pytest.raises(KeyboardInterrupt):
+        run(StandIn(release, flags={"cy": flagged}))
+    assert "cy" in gradebook.scores(course, ASSIGNMENT)
+    monkeypatch.setattr(schedule, "record", real_record)
+    capsys.readouterr()
+
+    read_cy = "READ cy p1: its answer inspects frames or source (flagged by an earlier run"
+    for _ in range(2):  # the same command again, as the guide says, and every run after it
+        grade_course(course, ASSIGNMENT, 60, True, workers=4, feedback=False)
+        out = capsys.readouterr().out
+        assert read_cy in out, out
+        assert out.count("READ ") == 1, out
+    # graded again, its answer no longer flagged: no longer listed
+    assert run(StandIn(release), students=["cy"], regrade=True).flags == {}
+    assert run(StandIn(release)).flagged_before == {}
+    # the grader's own record damaged: said, not taken as "no flags"
+    with gradebook_of(course) as book:
+        book.db.execute(text(f"UPDATE {gradebook.GRADED} SET flags = '{{not json' WHERE student = 'cy'"))
+        book.db.commit()
+    assert "cannot be read" in run(StandIn(release)).flagged_before["cy"]["?"][0]
+    # a grade written before the gradebook kept flags: those of this machine's autograded/
+    with gradebook_of(course) as book:
+        book.db.execute(text(f"DELETE FROM {gradebook.GRADED} WHERE student = 'cy'"))
+        book.db.commit()
+    (course / "autograded" / "cy" / ASSIGNMENT / gradebook.FLAGGED).write_text(json.dumps(flagged))
+    assert run(StandIn(release)).flagged_before == {"cy": flagged}
+
+
+def test_a_shard_rerun_on_another_machine_grades_a_resubmission_again_and_lists_the_flags(tmp_path, monkeypatch):
+    """Red team 45i, A02: what a student was graded from was known only in the autograded/ folder of
+    the machine that graded them, so shard 2's command rerun on machine 1 (the guide allows it)
+    kept bob's 0 for a 10/10 re-submission, silently. Two course folders sharing one gradebook
+    stand for two machines sharing a PostgreSQL server."""
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"
+    one, two = (course_of(tmp_path / machine, {s: {} for s in STUDENTS}) for machine in ("m1", "m2"))
+    release = notebooks.read_notebook(one / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    gradebook.prepare(one, ASSIGNMENT, shared)
+    theirs = [s for s in STUDENTS if schedule.in_shard(s, (2, 2))]
+    assert "bob" in theirs and "ada" in theirs
+    flagged = {"p2": ["inspects frames or source"]}
+    graded_by_stand_ins(two, monkeypatch)(StandIn(release, flags={"ada": flagged}), shard=(2, 2), url=shared)
+    for machine in (one, two):  # bob hands in again; the download is collected on both machines
+        submitted = machine / "submitted" / "bob" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+        submitted.write_text(submitted.read_text().replace("{", "{\n", 1))
+    on_one = graded_by_stand_ins(one, monkeypatch)
+    again = StandIn(release)
+    rerun = on_one(again, shard=(2, 2), url=shared)
+    assert rerun.again == ["bob"] and [s for s, _ in again.calls] == ["bob"]
+    assert rerun.flagged_before == {"ada": flagged}  # flagged on machine 2, listed on machine 1
+    assert on_one(StandIn(release), shard=(2, 2), url=shared).again == []  # graded from what is there now
+
+
+def test_feedback_for_one_student_of_a_class_of_50000_already_graded(tmp_path, monkeypatch):
+    """Red team 45i, A06: the students whose pages stay as they are went to nbgrader in one
+    command-line argument; past Linux's 128 KiB for one (6,000 ids) nbgrader never started: a
+    traceback, no feedback page and no report."""
+    course = course_of(tmp_path / "course", {s: {} for s in STUDENTS})
+    release = notebooks.read_notebook(course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    graded_by_stand_ins(course, monkeypatch)(StandIn(release))  # four feedback notebooks in autograded/
+    for i in range(50_000):  # the rest of the class, graded before (all the feedback step reads of them)
+        (course / "autograded" / f"studentname{i:05d}_{1_000_000 + i}" / ASSIGNMENT).mkdir(parents=True)
+    assert feedback.feedback_for(course, ASSIGNMENT, ["ada"]) == {}
+    assert sorted(p.name for p in (course / "feedback").iterdir()) == ["ada"]  # the others left out, all of them
+    assert (course / "feedback" / "ada" / ASSIGNMENT / f"{ASSIGNMENT}.html").is_file()
 
 
 def text(sql: str):
