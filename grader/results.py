@@ -73,7 +73,7 @@ def write_notes(gradebook, assignment: str, student: str, report) -> None:
 def read_report(url: str, assignment: str, graded: set[str]):
     """A report (grader.schedule.Report's fields, for grader.report.print_report) of the lines written for `assignment`'s `graded` students (none for
     a gradebook graded before the table existed)."""
-    report = SimpleNamespace(not_graded={}, unwritten=set(), notes={}, messages={}, flags={})
+    report = SimpleNamespace(not_graded={}, unwritten=set(), notes={}, messages={}, flags={}, flagged_before={})
     engine = create_engine(url)
     try:
         if not inspect(engine).has_table(NOTES.name):

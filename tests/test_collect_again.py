@@ -121,6 +121,9 @@ def test_the_report_and_the_feedback_page_name_the_file_the_student_uploaded(reg
     assert note("doejane_123456") is None  # `-1` is Canvas's: she uploaded it under the exercise's name
     from grader.results import create_table
     create_table(gradebook.db_url(course))
+    from nbgrader.api import Gradebook
+    with Gradebook(gradebook.db_url(course)) as book:
+        gradebook.create_graded_table(book)  # as `grade` makes it
     graded(course, {"smithomar_223344": (1, "wrong", None), "doejane_123456": (9, "", None)})
     page = json.loads((course / "autograded" / "smithomar_223344" / A / f"{A}.ipynb").read_text())
     assert "".join(page["cells"][0]["source"]).startswith(f"This page grades the notebook 'Copy of {A}.ipynb' of")
