@@ -105,6 +105,19 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
+def for_each(cli, args, action, refused=(ValueError,)) -> None:
+    """`action(name)` for each assignment named; an error of `refused`, or a gradebook that cannot be
+    reached, ends the command in one sentence, not a traceback."""
+    from sqlalchemy.exc import OperationalError
+    for name in args.assignments or cli.error(f"{args.command}: name the assignments"):
+        try:
+            action(name)
+        except refused as error:
+            sys.exit(f"python -m grader {args.command} {name}: {error}")
+        except OperationalError as error:
+            sys.exit(f"python -m grader {args.command} {name}: the gradebook cannot be reached: {error.orig}")
+
+
 def main(argv: list[str] | None = None) -> None:
     # A warning of ours (no grading secret, ...) is one line for the instructor, not Python's
     # file:line and source line, which read as a crash (issue 48, third walkthrough).
@@ -124,31 +137,16 @@ def main(argv: list[str] | None = None) -> None:
             shard = schedule.parse_shard(args.shard) if args.shard else None
         except ValueError as error:
             cli.error(str(error))
-        for name in args.assignments or cli.error("grade: name the assignments"):
-            try:
-                grade_course(args.course.resolve(), name, args.timeout, not args.no_sandbox, workers=args.jobs,
-                             students=args.student, regrade=args.regrade, feedback=not args.no_feedback,
-                             shard=shard, url=args.db_url)
-            except (schedule.NoSandbox, schedule.BrokenEnvironment, gradebook.SecretError, schedule.NotPrepared,
-                    ValueError) as error:
-                sys.exit(f"python -m grader grade {name}: {error}")  # a sentence, not a traceback
-            except OperationalError as error:
-                sys.exit(f"python -m grader grade {name}: the gradebook cannot be reached: {error.orig}")
+        for_each(cli, args, lambda name: grade_course(
+            args.course.resolve(), name, args.timeout, not args.no_sandbox, workers=args.jobs, students=args.student,
+            regrade=args.regrade, feedback=not args.no_feedback, shard=shard, url=args.db_url),
+            refused=(schedule.NoSandbox, schedule.BrokenEnvironment, gradebook.SecretError, schedule.NotPrepared,
+                     ValueError))
     elif args.command == "results":
         from grader.results import print_results
-        for name in args.assignments or cli.error("results: name the assignments"):
-            try:
-                print_results(args.course.resolve(), name, args.db_url)
-            except OperationalError as error:
-                sys.exit(f"python -m grader results {name}: the gradebook cannot be reached: {error.orig}")
+        for_each(cli, args, lambda name: print_results(args.course.resolve(), name, args.db_url))
     elif args.command == "prepare":
-        for name in args.assignments or cli.error("prepare: name the assignments"):
-            try:
-                prepare(args.course.resolve(), name, args.db_url)
-            except ValueError as error:
-                sys.exit(f"python -m grader prepare {name}: {error}")
-            except OperationalError as error:
-                sys.exit(f"python -m grader prepare {name}: the gradebook cannot be reached: {error.orig}")
+        for_each(cli, args, lambda name: prepare(args.course.resolve(), name, args.db_url))
     elif args.command == "collect":
         if not (args.lms and args.zip and len(args.assignments) == 1):
             cli.error("collect: one assignment, --lms canvas|moodle and --zip FILE")
@@ -157,13 +155,9 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "pack-feedback":
         from grader import lms
         from grader.feedback import pack_feedback
-        for name in args.assignments or cli.error("pack-feedback: name the assignments"):
-            out = (args.out or args.course / "feedback-upload").resolve()
-            try:
-                lms.pack_feedback(args.course.resolve(), name, args.lms, out) if args.lms else \
-                    pack_feedback(args.course.resolve(), name, out)
-            except ValueError as error:
-                sys.exit(f"python -m grader pack-feedback {name}: {error}")
+        out = (args.out or args.course / "feedback-upload").resolve()
+        for_each(cli, args, lambda name: lms.pack_feedback(args.course.resolve(), name, args.lms, out) if args.lms
+                 else pack_feedback(args.course.resolve(), name, out))
     elif args.command == "export" and args.lms:
         from grader import lms
         if len(args.assignments) != 1:
