@@ -56,13 +56,13 @@ from nbgrader.plugins import FileNameCollectorPlugin
 
 from grader.course import BIN, ROOT
 from grader.gradebook import STUDENT_ID_CHARS
-from grader.notebooks import LMS_FILE, NOTEBOOK_BYTES, as_handed_out, handed_out_among, read_notebook, read_regular
+from grader.notebooks import (AGAIN, LMS_FILE, NOTEBOOK_BYTES, as_handed_out, handed_out_among, read_notebook,
+                              read_regular)
 from grader.report import one_line, plural, printable
 
 CANVAS = re.compile(r"^(?P<person>[\w.\-]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<file>\d+)_(?P<name>.+)$",
                     re.I)  # \w: a name may hold any letter (müllerjürgen)
 MOODLE = re.compile(r"^(?P<person>.+?)_(?P<user>\d+)_assign(?:submission|feedback)_[a-z]+_(?P<name>.*)$")
-AGAIN = re.compile(r"(?:-(\d+)| \((\d+)\))$")  # name-2.ipynb (Canvas), name (2).ipynb (Moodle)
 # Where the LMS's own fields may start in a name (Canvas: user and file ids; Moodle: the
 # participant number): a name where they could start at two places reads as two students' uploads.
 CANVAS_FIELDS = re.compile(r"(?=_\d+_\d+_.)")
@@ -106,7 +106,7 @@ def canvas(relative: Path) -> dict | None:
         return {"student_id": None, "ambiguous": relative.name}
     student = f"{match['person'].lower()}_{match['user']}"
     return {"student_id": gradebook_id(student), "lms_id": student, "late": bool(match["late"]),
-            "order": (0, upload_number(match["name"]), int(match["file"])),
+            "order": (upload_number(match["name"]), int(match["file"])),
             "user": match["user"], "name": match["person"], "prefix": relative.name[:match.start("name")],
             "uploaded": match["name"]}
 
@@ -143,7 +143,7 @@ def moodle(relative: Path) -> dict | None:
     else:
         return None
     return {"student_id": gradebook_id(owner), "lms_id": owner, "late": False,
-            "order": (0, upload_number(own["name"] if own else relative.name)),
+            "order": (upload_number(own["name"] if own else relative.name),),
             "user": person["user"], "name": person["person"],
             "uploaded": own["name"] if own and own["name"] else relative.name}
 
@@ -163,13 +163,13 @@ def own_name(relative: Path, assignment: str) -> bool:
 
 def latest_uploads(folder: Path, parse, assignment: str | None = None,
                    release: dict | None = None) -> dict[str, tuple[Path, dict]]:
-    """{student: (their latest notebook's path relative to `folder`, what its name says)}: the
-    highest submission id (the first of `parse`'s "order"); within one submission, with the
-    `release`, a notebook with work in it before one as handed out (red team 45g, A08: Colab's
+    """{student: (their latest notebook's path relative to `folder`, what its name says)}: of all a
+    student's notebooks in the download (one submission: the LMS downloads the current one), with
+    the `release`, a notebook with work in it before one as handed out (red team 45g, A08: Colab's
     `Copy of ...` beside the untouched download under the exercise's name), then a notebook named
     as the exercise (`assignment`, by default the folder's: downloaded/<assignment>/extracted)
     before another (red team 45f, A11: a leftover `..._old.ipynb` sorted after the finished notebook
-    and was graded), then the highest upload number, then the rest of "order" (Canvas's file id),
+    and was graded), then the highest of `parse`'s "order" (the upload number, then Canvas's file id),
     then the name that sorts last. Names refused by `parse` count for no one. What the name says
     gains "handed_out": whether the notebook chosen is as handed out beside others."""
     assignment = assignment or folder.parent.name
@@ -181,11 +181,9 @@ def latest_uploads(folder: Path, parse, assignment: str | None = None,
             uploads.setdefault(theirs["student_id"], []).append((relative, theirs))
     best = {}
     for student, files in uploads.items():
-        latest = max(theirs["order"][0] for _, theirs in files)
-        files = [(relative, theirs) for relative, theirs in files if theirs["order"][0] == latest]
         untouched = handed_out_among(folder, [r.as_posix() for r, _ in files], release)
-        best[student] = max(((theirs["order"][0], relative.as_posix() not in untouched, own_name(relative, assignment),
-                              *theirs["order"][1:]), relative.as_posix(),
+        best[student] = max(((relative.as_posix() not in untouched, own_name(relative, assignment), *theirs["order"]),
+                             relative.as_posix(),
                              {**theirs, "handed_out": relative.as_posix() in untouched}) for relative, theirs in files)
     return {student: (Path(relative), info) for student, (_, relative, info) in best.items()}
 
@@ -260,9 +258,7 @@ class LatestNotebookCollector(FileNameCollectorPlugin):
         latest, kept = self.latest(extracted)[info["student_id"]]
         if latest != str(path):
             taken = in_submission(Path(latest).relative_to(extracted))
-            if kept["order"][0] != info["order"][0]:
-                self.log.warning("%s: skipped %s, an earlier upload than %s", info["student_id"], name, taken)
-            elif not kept["handed_out"] and handed_out(path, self.index[2]):
+            if not kept["handed_out"] and handed_out(path, self.index[2]):
                 self.log.warning("%s: skipped %s, as handed out (no answer changed): the same submission holds %s, "
                                  "with work in it, collected instead", info["student_id"], name, taken)
             else:  # one submission, two notebooks: the LMS says nothing of which came last

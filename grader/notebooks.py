@@ -329,7 +329,7 @@ def uploaded_as(course: Path, student: str, assignment: str, graded: str) -> str
     return uploaded
 
 
-AGAIN = re.compile(r"(?:-\d+| \(\d+\))$")  # an LMS's upload number: name-2.ipynb (Canvas), name (2).ipynb (Moodle)
+AGAIN = re.compile(r"(?:-(\d+)| \((\d+)\))$")  # an LMS's upload number: name-2.ipynb (Canvas), name (2).ipynb (Moodle)
 
 
 def read_bytes(path: Path) -> bytes:
