@@ -264,8 +264,8 @@ class LatestNotebookCollector(FileNameCollectorPlugin):
             else:  # one submission, two notebooks: the LMS says nothing of which came last
                 self.log.warning("%s: skipped %s: the same submission holds %s, collected instead (a notebook with "
                                  "work in it first, then one named as the exercise, then the higher upload number, "
-                                 "then Canvas's higher file id, then the name that sorts last): check it by hand",
-                                 info["student_id"], name, taken)
+                                 "%sthen the name that sorts last): check it by hand",
+                                 info["student_id"], name, taken, self.ranked_by)
             return None
         if info["student_id"] != info["lms_id"]:
             self.log.warning("LONG ID: %s is collected as %s: the gradebook holds ids of at most %d characters",
@@ -277,10 +277,12 @@ class LatestNotebookCollector(FileNameCollectorPlugin):
 
 class CanvasCollector(LatestNotebookCollector):
     parse = staticmethod(canvas)
+    ranked_by = "then Canvas's higher file id, "
 
 
 class MoodleCollector(LatestNotebookCollector):
     parse = staticmethod(moodle)
+    ranked_by = ""  # Moodle's download numbers no file (instructor walkthrough 47c: the note named Canvas)
 
 
 def members(download: Path):

@@ -6,7 +6,7 @@ instructor's secret. Never runs student code: it writes what the judge decided, 
     register(course, assignment, url)     # the assignment, its notebook, points and cells
     graded_students(gradebook, assignment, points) -> {students with every part's grade written}
     record(gradebook, course, assignment, student, result, ...)  # one student, from the scheduler
-    stored_flags(course, student, assignment) -> {part: [why]}    # the review flags kept with a grade
+    stored_flags(records, student) -> {part: [why]}      # the review flags kept with a grade
     scores(course, assignment, url) -> {student: {test cell: score}}
     export(course, to, url)               # `nbgrader export`: one CSV row per student and assignment
 
@@ -190,7 +190,7 @@ def record(gradebook, course, assignment, student, result, points, release, repo
            feedback=True, fingerprint=None):
     """Write one student's points to the gradebook, their feedback notebook to autograded/ (unless
     not `feedback`: the one there stays) and what the instructor must know to `report`; their review
-    flags beside it (FLAGGED), for the runs that skip them as graded (`stored_flags`).
+    flags and the submission's fingerprint with the grade, in one transaction (`write_grades`).
     `fingerprint`: submission_fingerprint taken before the submission was read for grading (a
     submission replaced while it was graded is then graded again on the next run); None: taken now."""
     verdicts, ran, problem, note, flags = result
@@ -215,12 +215,7 @@ def record(gradebook, course, assignment, student, result, points, release, repo
     for path in (course / "autograded", course / "autograded" / student, folder):
         if path.is_symlink():
             raise ValueError(f"{path} is a symbolic link: the grader writes nothing through it")
-    # The flags before the grade: a run stopped between the two leaves flags without a grade (the
-    # next run grades that student again), never a grade whose flags nobody is told of.
-    write_private(folder / FLAGGED, json.dumps(flags or {}) + "\n")
     write_grades(gradebook, assignment, student, scores, report, fingerprint=fingerprint, flags=flags or {})
-    if fingerprint is not None:
-        write_private(folder / GRADED_FROM, fingerprint + "\n")
     if ran is not None and feedback:
         shown = {t: {"passed": v.get("passed") is True,
                      "message": safe_message(v.get("message", ""), secrets=secrets, hidden_lines=hidden_lines)}
@@ -234,19 +229,18 @@ def record(gradebook, course, assignment, student, result, points, release, repo
                                                                  indent=1))
 
 
-GRADED_FROM = ".graded-submission"  # in autograded/<student>/<assignment>/: what `record` graded
-FLAGGED = ".review-flags"            # beside it: the answers `record` flagged for review, {part: [why]}
-FLAGS_BYTES = 1_000_000              # more than the grader writes; larger flags are not read
-# The same, in the gradebook, beside nbgrader's tables: a shard's command rerun on another machine
-# (whose autograded/ never saw that student) still finds what was graded, and grades a
-# re-submission again (red team 45i, A02: it kept 0 for a 10/10 re-submission, silently).
+FLAGS_BYTES = 1_000_000  # more than the grader writes; larger flags are not read
+# What a student was graded from and the review flags written with that grade, in the gradebook,
+# beside nbgrader's tables, and nowhere else: a shard's command rerun on another machine still finds
+# what was graded, and grades a re-submission again (red team 45i, A02: it kept 0 for a 10/10
+# re-submission, silently); a run that skips a graded student lists their flags (A09).
 GRADED = "grader_graded_submission"
 
 
 @functools.cache
 def graded_table():
-    """GRADED: per assignment and student, the fingerprint of the submission graded and its review
-    flags (JSON), written with the grade (`write_grades`)."""
+    """GRADED: per assignment and student, the fingerprint of the submission graded ("" when it
+    could not be read) and its review flags (JSON), written with the grade (`write_grades`)."""
     from sqlalchemy import Column, MetaData, String, Table, Text
     return Table(GRADED, MetaData(), Column("assignment", String(128), primary_key=True),
                  Column("student", String(STUDENT_ID_CHARS), primary_key=True),
@@ -288,53 +282,40 @@ def submission_fingerprint(course: Path, student: str, assignment: str) -> str |
     return digest.hexdigest()
 
 
-def graded_from(course: Path, student: str, assignment: str, records: dict | None = None) -> str | None:
-    """The fingerprint of the submission a student was last graded from: the gradebook's
-    (`records`, graded_records), else this machine's autograded/ (None: not recorded)."""
-    if student in (records or {}):
-        return records[student][0]
-    path = course / "autograded" / student / assignment / GRADED_FROM
-    try:
-        return None if path.is_symlink() else path.read_text().strip() or None
-    except OSError:
-        return None
+def graded_from(records: dict, student: str) -> str | None:
+    """The fingerprint of the submission `student` was last graded from (`records`: graded_records),
+    or None: not recorded (a grade written by a grader older than GRADED, or from an unreadable folder)."""
+    return (records.get(student) or ("", ""))[0] or None
 
 
-def stored_flags(course: Path, student: str, assignment: str, records: dict | None = None) -> dict[str, list[str]]:
-    """The review flags written with the student's grade ({part: [why to read it]}; {} when none,
-    or none recorded: a grade written before flags were kept): the gradebook's (`records`,
-    graded_records), else this machine's autograded/. A run that skips the student as graded
+def stored_flags(records: dict, student: str) -> dict[str, list[str]]:
+    """The review flags written with `student`'s grade ({part: [why to read it]}; {} when none, or
+    none recorded) from `records` (graded_records). A run that skips the student as graded
     reports them (red team 45i, A09: a run stopped after a flagged student's grade was written,
     then rerun, never said to read that answer)."""
-    path = course / "autograded" / student / assignment / FLAGGED
-    where = f"{GRADED} in the gradebook" if student in (records or {}) else str(path)
+    if student not in records:
+        return {}
+    text = records[student][1]
     try:
-        if student in (records or {}):
-            text = records[student][1]
-        elif path.is_symlink() or not path.is_file():
-            return {}
-        elif path.stat().st_size > FLAGS_BYTES:
-            raise ValueError("too large")
-        else:
-            text = path.read_text(encoding="utf-8")
         if len(text) > FLAGS_BYTES:
             raise ValueError("too large")
         flags = json.loads(text)
         if not (isinstance(flags, dict) and all(isinstance(part, str) and isinstance(why, list)
                                                 and all(isinstance(w, str) for w in why) for part, why in flags.items())):
             raise ValueError("not {part: [why]}")
-    except (OSError, ValueError) as error:  # the grader's own file, damaged: say so rather than nothing
-        return {"?": [f"may be flagged: its flags in {where} cannot be read ({error}); read the whole answer"]}
+    except ValueError as error:  # the grader's own record, damaged: say so rather than nothing
+        return {"?": [f"may be flagged: its flags in {GRADED} in the gradebook cannot be read ({error}); "
+                      "read the whole answer"]}
     return flags
 
 
-def handed_in_again(course: Path, assignment: str, students: list[str], records: dict | None = None) -> list[str]:
+def handed_in_again(course: Path, assignment: str, students: list[str], records: dict) -> list[str]:
     """The graded `students` whose submission changed since it was graded (a collect of a later
     download replaced it): they are graded again (instructor walkthrough 47b, B1: a re-submission
     kept its old 0 and its old feedback page, exported to Canvas). `records`: graded_records."""
     changed = []
     for student in students:
-        before = graded_from(course, student, assignment, records)
+        before = graded_from(records, student)
         if before is not None and before != submission_fingerprint(course, student, assignment):
             changed.append(student)
     return changed
@@ -377,9 +358,8 @@ def write_grades(gradebook, assignment: str, student: str, scores: dict, report=
                 table = graded_table()
                 mine = (table.c.assignment == assignment) & (table.c.student == student)
                 gradebook.db.execute(table.delete().where(mine))
-                if fingerprint is not None:
-                    gradebook.db.execute(table.insert().values(assignment=assignment, student=student,
-                                                               fingerprint=fingerprint, flags=json.dumps(flags)))
+                gradebook.db.execute(table.insert().values(assignment=assignment, student=student,
+                                                           fingerprint=fingerprint or "", flags=json.dumps(flags)))
             gradebook.db.commit()
             return
         except (OperationalError, IntegrityError, InvalidEntry):

@@ -11,7 +11,8 @@ student code: it prints what the grader wrote.
 
 The report's lines are kept in a table of the grader's own, `mpcourse_report`, in the gradebook's
 database beside nbgrader's tables (which nbgrader neither reads nor changes): one row per line,
-replaced with the student's grades in one transaction. The failure messages are the runner's own,
+replaced with the student's grades in one transaction. The answers to read by hand are the review
+flags the grade was written with (grader/gradebook.py's GRADED table), their one home. The failure messages are the runner's own,
 as the grading run prints them: for the instructor only, never shown to a student (nbgrader's
 feedback reads none of this table).
 """
@@ -27,7 +28,7 @@ NOTES = Table("mpcourse_report", METADATA,
               Column("id", Integer, primary_key=True),
               Column("assignment", String(128), nullable=False, index=True),
               Column("student", String(128), nullable=False),
-              Column("kind", String(16), nullable=False),  # not graded, note, failed, read
+              Column("kind", String(16), nullable=False),  # not graded, note, failed
               Column("part", String(128), nullable=False, default=""),
               Column("text", Text, nullable=False))
 TEXT_CHARS = 2000  # the most characters of one line kept (the grading run keeps as many of a message)
@@ -56,8 +57,6 @@ def lines_of(report, student: str) -> list[dict]:
         rows.append({"kind": "note", "part": "", "text": report.notes[student]})
     for part, message in report.messages.get(student, {}).items():
         rows.append({"kind": "failed", "part": part, "text": message})
-    for part, why in report.flags.get(student, {}).items():
-        rows.append({"kind": "read", "part": part, "text": "\n".join(why)})
     return [{**row, "part": str(row["part"])[:128], "text": str(row["text"])[:TEXT_CHARS]} for row in rows]
 
 
@@ -71,18 +70,26 @@ def write_notes(gradebook, assignment: str, student: str, report) -> None:
 
 
 def read_report(url: str, assignment: str, graded: set[str]):
-    """A report (grader.schedule.Report's fields, for grader.report.print_report) of the lines written for `assignment`'s `graded` students (none for
-    a gradebook graded before the table existed)."""
+    """A report (grader.schedule.Report's fields, for grader.report.print_report) of the lines
+    written for `assignment`'s `graded` students (none for a gradebook graded before the table
+    existed), with the review flags written with their grades."""
+    from nbgrader.api import Gradebook
+    from grader.gradebook import GRADED, graded_records, stored_flags
     report = SimpleNamespace(not_graded={}, unwritten=set(), notes={}, messages={}, flags={}, flagged_before={})
     engine = create_engine(url)
     try:
-        if not inspect(engine).has_table(NOTES.name):
-            return report
-        with engine.connect() as connection:
-            rows = connection.execute(select(NOTES).where(NOTES.c.assignment == assignment)
-                                      .order_by(NOTES.c.student, NOTES.c.id)).mappings().all()
+        tables = inspect(engine).get_table_names()
+        rows = []
+        if NOTES.name in tables:
+            with engine.connect() as connection:
+                rows = connection.execute(select(NOTES).where(NOTES.c.assignment == assignment)
+                                          .order_by(NOTES.c.student, NOTES.c.id)).mappings().all()
     finally:
         engine.dispose()
+    if GRADED in tables:
+        with Gradebook(url) as gradebook:
+            records = graded_records(gradebook, assignment)
+        report.flags = {s: flags for s in sorted(graded) if (flags := stored_flags(records, s))}
     for row in rows:
         student = row["student"]
         if student not in graded:
@@ -93,8 +100,6 @@ def read_report(url: str, assignment: str, graded: set[str]):
             report.notes[student] = row["text"]
         elif row["kind"] == "failed":
             report.messages.setdefault(student, {})[row["part"]] = row["text"]
-        elif row["kind"] == "read":
-            report.flags.setdefault(student, {})[row["part"]] = row["text"].split("\n")
     return report
 
 

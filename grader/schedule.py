@@ -76,7 +76,8 @@ class Report:
     again: list = field(default_factory=list)       # graded before, handed in again since: graded again
     feedback: bool = True                           # False: feedback notebooks left as they were
     workers: int = 0                                # students graded at a time
-    wall_seconds: float = 0.0                       # the whole run
+    wall_seconds: float = 0.0                       # the grading, from the reference run on
+    setup_seconds: float = 0.0                      # before it: the checks, registering, the release's course
 
 
 class NotPrepared(RuntimeError):
@@ -132,6 +133,7 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
     `url`: the gradebook (else the course's db_url, else its gradebook.db). `progress`: a progress
     bar and a closing line with the wall time and students per minute, on stderr."""
     from nbgrader.api import Gradebook
+    called = time.monotonic()
     course = Path(course).resolve()
     workers = workers or default_jobs()
     handed_in = submitters(course, assignment)
@@ -193,12 +195,13 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
             done -= set(report.again)
             report.skipped = [s for s in students if s in done]
             report.flagged_before = {s: flags for s in report.skipped
-                                     if (flags := stored_flags(course, s, assignment, records))}
+                                     if (flags := stored_flags(records, s))}
             students = [s for s in students if s not in done]
         runs = execute is True or bool(set(execute or ()) & set(students))  # a notebook run needs the release's course
         template = template_course(course, assignment, Path(scratch)) if students and runs else None
         secrets = {s: hashlib.sha256(f"{secret}:{assignment}:{s}".encode()).hexdigest() for s in students}
         began = time.monotonic()
+        report.setup_seconds = began - called
         references = reference_records(Path(scratch) / "references", source, secrets, timeout, sandbox, workers,
                                        progress) if students else {}
         with ThreadPoolExecutor(workers) as pool, progress_bar(assignment, len(students), progress) as bar:
@@ -430,4 +433,7 @@ def closing_line(assignment: str, report: Report) -> str:
                if report.skipped else "")
     skipped += (f"; {len(report.again)} graded again, their submission changed since: {', '.join(report.again)}"
                 if report.again else "")
-    return f"{assignment}: {plural(count, 'student')} graded in {seconds:.0f} s, {report.workers} at a time{rate}{skipped}"
+    setup = (f" (after {report.setup_seconds:.0f} s of set-up: the checks, the gradebook, the release's course)"
+             if report.setup_seconds >= 1 else "")
+    return (f"{assignment}: {plural(count, 'student')} graded in {seconds:.0f} s{setup}, {report.workers} at a "
+            f"time{rate}{skipped}")

@@ -88,18 +88,18 @@ def test_moodle_ids_keep_a_names_letters_in_any_script_alike_on_every_collect(tm
 
 def graded(course: Path, students: dict, url: str | None = None) -> None:
     """Write each student's grade as a grading run does (gradebook.record, in a session of its own,
-    as each shard's): {student: (passed parts, failure message, problem or None)}."""
+    as each shard's): {student: (passed parts, failure message, problem or None[, review flags])}."""
     from nbgrader.api import Gradebook
     points = fabricate.test_points(A)
     release = notebooks.read_notebook(course / "exercises" / A / f"{A}.ipynb")
-    for student, (passed, message, problem) in students.items():
+    for student, (passed, message, problem, *flags) in students.items():
         report = schedule.Report()
         verdicts = {} if problem else {t: {"passed": k < passed, "message": "" if k < passed else message}
                                        for k, t in enumerate(points)}
         ran = notebooks.read_submission(course, student, A, release)
         with Gradebook(gradebook.db_url(course, url)) as book, warnings.catch_warnings():
             warnings.filterwarnings("ignore")
-            gradebook.record(book, course, A, student, (verdicts, ran, problem, None, None), points, release, report,
+            gradebook.record(book, course, A, student, (verdicts, ran, problem, None, (flags or [None])[0]), points, release, report,
                              secrets=["s"], hidden_lines=set())
 
 
@@ -157,7 +157,8 @@ def test_results_prints_the_whole_classs_table_and_report_from_the_gradebook(reg
         url = stack.enter_context(postgres.Server()).database("gradebook") if database == "postgresql" else None
         gradebook.prepare(course, A, url)
         graded(course, {"doejane_123456": (99, "", None)}, url)                  # shard 1
-        graded(course, {"smithomar_223344": (1, "p2: expected 3.0, got \x1b[2J 4.0", None),  # shard 2
+        graded(course, {"smithomar_223344": (1, "p2: expected 3.0, got \x1b[2J 4.0", None,  # shard 2
+                                             {"p1": ["reads the call stack"]}),
                         "leebo_4455": (0, "", "the notebook ran out of time")}, url)
         main(["results", A, "--course", str(course), *(["--db-url", url] if url else [])])
     said = capsys.readouterr().out
@@ -169,6 +170,7 @@ def test_results_prints_the_whole_classs_table_and_report_from_the_gradebook(reg
     second = list(points)[1]
     assert f"  smithomar_223344 {second} failed: p2: expected 3.0, got \\x1b[2J 4.0" in said  # shown, never obeyed
     assert "NOT GRADED leebo_4455: the notebook ran out of time (recorded as 0)" in said
+    assert "  READ smithomar_223344 p1: its answer reads the call stack" in said  # the flags kept with the grade
     assert "NOT GRADED YET: 1 student with a submission in submitted/ and no grade: kimann_5566" in said
     assert not any(line.startswith("  doejane_123456") for line in said.splitlines())  # jane: a row, no failure line
     assert "3 students graded in" in said
@@ -181,4 +183,6 @@ def test_counts_of_one_read_in_the_singular():
     assert collect.counted("1 files collected, 0 files skipped") == "1 file collected, 0 files skipped"
     report = schedule.Report(seconds={"jane": 10.0}, wall_seconds=10.0, workers=1)
     assert schedule.closing_line(A, report).startswith(f"{A}: 1 student graded in 10 s")
+    report.setup_seconds = 57.2  # walkthrough 47c: the command took a minute longer than the line said
+    assert schedule.closing_line(A, report).startswith(f"{A}: 1 student graded in 10 s (after 57 s of set-up")
     assert plural(1, "student's", "students'") == "1 student's" and plural(2, "student's", "students'") == "2 students'"

@@ -415,6 +415,7 @@ def test_a_folder_inside_a_moodle_submission_never_makes_its_notebook_a_classmat
     assert (f"mallory_evil_111: skipped {ASSIGNMENT}.ipynb: the same submission holds "
             f"y/extracted/Carol Ng_333_assignsubmission_file_/{ASSIGNMENT}.ipynb, collected instead") in result.stdout
     assert "NOT COLLECTED carol" not in result.stdout and "NOT COLLECTED bob" not in result.stdout
+    assert "Canvas" not in result.stdout  # a Moodle download's note names no Canvas file id (walkthrough 47c)
 
 
 def test_a_canvas_submission_of_the_work_and_the_untouched_release_is_collected_with_the_work(tmp_path):

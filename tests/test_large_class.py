@@ -245,12 +245,23 @@ def test_a_rerun_lists_the_flagged_answers_of_the_students_it_skips_as_graded(tm
         book.db.execute(text(f"UPDATE {gradebook.GRADED} SET flags = '{{not json' WHERE student = 'cy'"))
         book.db.commit()
     assert "cannot be read" in run(StandIn(release)).flagged_before["cy"]["?"][0]
-    # a grade written before the gradebook kept flags: those of this machine's autograded/
+
+
+def test_flags_are_kept_with_a_grade_whose_submission_folder_could_not_be_fingerprinted(tmp_path, monkeypatch):
+    """The flags live only in the gradebook, in the grade's row: a grade written without a
+    fingerprint (the folder could not be read) keeps its flags all the same."""
+    course = course_of(tmp_path / "course", {s: {} for s in STUDENTS})
+    release = notebooks.read_notebook(course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
+    run = graded_by_stand_ins(course, monkeypatch)
+    for module in (schedule, gradebook):
+        monkeypatch.setattr(module, "submission_fingerprint", lambda *args: None)
+    flagged = {"p1": ["inspects frames or source"]}
+    run(StandIn(release, flags={"cy": flagged}))
     with gradebook_of(course) as book:
-        book.db.execute(text(f"DELETE FROM {gradebook.GRADED} WHERE student = 'cy'"))
-        book.db.commit()
-    (course / "autograded" / "cy" / ASSIGNMENT / gradebook.FLAGGED).write_text(json.dumps(flagged))
-    assert run(StandIn(release)).flagged_before == {"cy": flagged}
+        assert gradebook.graded_records(book, ASSIGNMENT)["cy"][0] == ""
+    later = run(StandIn(release))
+    assert later.flagged_before == {"cy": flagged} and later.again == []
+    assert not list((course / "autograded").rglob(".*"))  # nothing kept beside the feedback
 
 
 def test_a_shard_rerun_on_another_machine_grades_a_resubmission_again_and_lists_the_flags(tmp_path, monkeypatch):
