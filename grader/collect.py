@@ -298,21 +298,41 @@ def members(download: Path):
                 yield info.filename, info.file_size, lambda info=info: archive.open(info)
 
 
-def unpack(download: Path, into: Path) -> dict[str, str]:
-    """The download's notebooks copied under `into`, at the paths the LMS gave them. Returns
-    {each file left out: why}: nothing in a student's upload can stop the others'."""
-    skipped = {}
+# The most notebooks, and bytes of them, read from one student's upload: each is written twice
+# (archive/ and nbgrader's extracted/), so a 1 MB download of 20 compressible notebooks just
+# under NOTEBOOK_BYTES wrote 2 GB (red team 45i, A08), linearly in their number. No honest
+# submission holds more than a few notebooks of a few MB.
+NOTEBOOKS_PER_STUDENT = 10
+BYTES_PER_STUDENT = 2 * NOTEBOOK_BYTES
+
+
+def unpack(download: Path, into: Path, parse=None) -> dict[str, str]:
+    """The download's notebooks copied under `into`, at the paths the LMS gave them, at most
+    NOTEBOOKS_PER_STUDENT and BYTES_PER_STUDENT of one student's (whose: `parse`, the LMS's
+    reading of a path; a name it reads as no one's counts for its top folder). Returns {each file
+    left out: why}: nothing in a student's upload can stop the others'."""
+    skipped, read = {}, {}
     for name, size, opened in members(download):
         relative = PurePosixPath(name)
         why = ("its name points outside the download" if relative.is_absolute() or ".." in relative.parts
                else "a link" if download.is_dir() and (download / name).is_symlink()
                else "not a notebook (an archive is never opened)" if relative.suffix != ".ipynb"
                else f"larger than {NOTEBOOK_BYTES // 2**20} MB" if size > NOTEBOOK_BYTES else None)
+        info = parse(Path(name)) if parse and why is None else None
+        whose = (info or {}).get("student_id") or (relative.parts[0] if len(relative.parts) > 1 else "")
+        count, total = read.get(whose, (0, 0))
+        too_many = (f"one notebook too many: at most {NOTEBOOKS_PER_STUDENT} notebooks, "
+                    f"{BYTES_PER_STUDENT // 2**20} MB in all, are read from one student's upload")
+        if why is None and (count >= NOTEBOOKS_PER_STUDENT or total + size > BYTES_PER_STUDENT):
+            why = too_many
         if why is None:
             with opened() as source:
                 data = source.read(NOTEBOOK_BYTES + 1)  # a zip's stated size may lie
+            read[whose] = (count + 1, total + len(data))
             if len(data) > NOTEBOOK_BYTES:
                 why = f"larger than {NOTEBOOK_BYTES // 2**20} MB"
+            elif total + len(data) > BYTES_PER_STUDENT:
+                why = too_many
             else:
                 target = into.joinpath(*relative.parts)
                 try:
@@ -334,7 +354,7 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
     shutil.rmtree(archive, ignore_errors=True)
     archive.mkdir(parents=True)
     try:
-        skipped = unpack(download, archive)
+        skipped = unpack(download, archive, {"canvas": canvas, "moodle": moodle}[lms])
     except (zipfile.BadZipFile, OSError) as error:
         sys.exit(f"python -m grader collect: cannot read the download {download}: {error}")
     collector = {"canvas": "CanvasCollector", "moodle": "MoodleCollector"}[lms]
@@ -405,6 +425,8 @@ def counted(line: str) -> str:
 
 
 NOTES_PER_STUDENT = 5  # the most lines printed about one student's skipped files; the rest counted
+NOTES_UNOWNED = 10     # the most about files that read as no student's (red team 45i, A07: 3,000 such lines)
+UNOWNED = "files that read as no student's"
 
 
 def print_notes(notes: list[tuple[str | None, str]]) -> None:
@@ -413,15 +435,15 @@ def print_notes(notes: list[tuple[str | None, str]]) -> None:
     classmate's LATE line was lost): the first few, then how many more."""
     about: dict[str, int] = {}
     for student, line in notes:
-        if student is not None:
-            about[student] = about.get(student, 0) + 1
-            if about[student] > NOTES_PER_STUDENT:
-                continue
-        print(" ", one_line(line))
+        key = student or ""  # "": files that read as no student's
+        about[key] = about.get(key, 0) + 1
+        if about[key] <= (NOTES_PER_STUDENT if key else NOTES_UNOWNED):
+            print(" ", one_line(line))
     for student, count in sorted(about.items()):
-        if count > NOTES_PER_STUDENT:
-            print(" ", one_line(f"{student}: {plural(count - NOTES_PER_STUDENT, 'more file')} skipped, not listed "
-                                 f"(the first {NOTES_PER_STUDENT} are above)"))
+        shown = NOTES_PER_STUDENT if student else NOTES_UNOWNED
+        if count > shown:
+            print(" ", one_line(f"{student or UNOWNED}: {plural(count - shown, 'more file')} "
+                                 f"skipped, not listed (the first {shown} are above)"))
 
 
 def refused_owners(archive: Path, parse) -> dict[str, list[str]]:

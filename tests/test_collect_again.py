@@ -2,6 +2,7 @@
 and the class's results read back from the gradebook (instructor walkthrough 47b: C2, C3, C4, C6)."""
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -186,3 +187,38 @@ def test_counts_of_one_read_in_the_singular():
     report.setup_seconds = 57.2  # walkthrough 47c: the command took a minute longer than the line said
     assert schedule.closing_line(A, report).startswith(f"{A}: 1 student graded in 10 s (after 57 s of set-up")
     assert plural(1, "student's", "students'") == "1 student's" and plural(2, "student's", "students'") == "2 students'"
+
+
+def test_one_students_upload_is_read_up_to_a_number_of_notebooks_and_bytes(tmp_path, monkeypatch):
+    """Red team 45i, A08: a 1 MB download of 20 compressible notebooks just under the size limit,
+    all in one student's Moodle folder, wrote 2 GB (each file twice), linearly in their number."""
+    download = lms_zip(tmp_path / "moodle.zip", {
+        **{f"Mallory Evil_111_assignsubmission_file_/copy{i:02d}.ipynb": f"m{i}" for i in range(15)},
+        f"Bob Smith_222_assignsubmission_file_/{A}.ipynb": "bob"})
+    skipped = collect.unpack(download, tmp_path / "archive", collect.moodle)
+    too_many = [name for name, why in skipped.items() if "one notebook too many" in why]
+    assert too_many == [f"Mallory Evil_111_assignsubmission_file_/copy{i:02d}.ipynb"
+                        for i in range(collect.NOTEBOOKS_PER_STUDENT, 15)]
+    assert len(list((tmp_path / "archive").rglob("*.ipynb"))) == collect.NOTEBOOKS_PER_STUDENT + 1  # bob's read
+    size = (tmp_path / "archive" / "Bob Smith_222_assignsubmission_file_" / f"{A}.ipynb").stat().st_size
+    monkeypatch.setattr(collect, "BYTES_PER_STUDENT", 3 * size)  # and by bytes: the first three of hers
+    skipped = collect.unpack(download, tmp_path / "again", collect.moodle)
+    assert len([name for name, why in skipped.items() if "one notebook too many" in why]) == 12
+    assert (tmp_path / "again" / "Bob Smith_222_assignsubmission_file_" / f"{A}.ipynb").exists()
+
+
+def test_lines_about_files_that_read_as_no_students_are_capped_and_a_classmates_note_stays_in_view(tmp_path):
+    """Red team 45i, A07: 3,000 notebooks whose names read as more than one student's upload
+    printed 3,000 lines (the per-student cap did not apply: they are no one's), and a classmate's
+    "check it by hand" note scrolled out of sight."""
+    course = fresh_course(tmp_path / "course")
+    names = {f"Mallory Evil_111_assignsubmission_file_/x_1_assignsubmission_file_y_2_assignsubmission_file_{i}.ipynb":
+             f"m{i}" for i in range(40)}
+    names.update({f"Bob Smith_222_assignsubmission_file_/{A}.ipynb": "bob",
+                  f"Bob Smith_222_assignsubmission_file_/{A}_old.ipynb": "bob old"})
+    said = run_collect(course, lms_zip(tmp_path / "moodle.zip", names), "moodle")
+    unowned = [line for line in said.splitlines() if line.startswith("  skipped Mallory Evil_111")]
+    assert len(unowned) == collect.NOTES_UNOWNED, said
+    more = re.search(rf"{collect.UNOWNED}: (\d+) more files skipped, not listed", said)
+    assert more and int(more[1]) >= 40 - collect.NOTES_UNOWNED, said  # (and nbgrader's lines on the refused)
+    assert f"bob_smith_222: skipped {A}_old.ipynb: the same submission holds {A}.ipynb" in said
