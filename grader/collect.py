@@ -382,6 +382,7 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
     print(one_line(f"{plural(len(students), 'submission')} of {assignment} in {course / 'submitted'}: {', '.join(students)}"))
     chosen = latest_uploads(archive, parse, release=release_of(course, assignment))
     remember(course, assignment, lms, {student: upload for student, upload in chosen.items() if student in students})
+    print_same_user(course, assignment, lms)
     uploaders = {info["student_id"] for name in skipped if (info := parse(Path(name))) and info["student_id"]}
     for student in sorted(uploaders - set(students)):  # e.g. a notebook handed in zipped
         print(one_line(f"  NOT COLLECTED {student}: uploaded files, none of them a notebook (see the skipped lines): "
@@ -395,6 +396,22 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
         print(one_line(f"  NOT COLLECTED {student}: no notebook of theirs in this download was collected (see the "
                        "skipped lines); the submission collected earlier stays in submitted/, and is graded"))
     print_absent(course, assignment, sorted(set(students) - set(chosen) - uploaders - set(refused)))
+
+
+def print_same_user(course: Path, assignment: str, lms: str) -> None:
+    """Names the LMS users collected under two ids: a name the LMS changed between two downloads
+    makes a new id beside the old one (red team 45i, A05). `export` and `pack-feedback` refuse them
+    until one folder is moved out (grader/lms.py, `one_per_user`)."""
+    students = json.loads((course / "downloaded" / assignment / LMS_FILE).read_text(encoding="utf-8"))["students"]
+    ids: dict[str, list[str]] = {}
+    for student, entry in sorted(students.items()):
+        ids.setdefault(str(entry["user"]), []).append(student)
+    for user, names in sorted(ids.items()):
+        if len(names) > 1:
+            print(one_line(f"  SAME USER: {lms} user {user} is {len(names)} students here, {', '.join(names)} (the LMS "
+                           f"changed their name between downloads): keep the folder of the current submission and "
+                           f"move the other out (mv submitted/<student>/{assignment} <elsewhere>) before grading; "
+                           "export and pack-feedback refuse them until then"))
 
 
 def print_absent(course: Path, assignment: str, absent: list[str]) -> None:

@@ -50,6 +50,23 @@ def collected(course: Path, assignment: str, lms: str) -> dict[str, dict]:
     return known["students"]
 
 
+def one_per_user(students: dict[str, dict], chosen, lms: str, assignment: str) -> None:
+    """ValueError if two of the `chosen` students are one LMS user (red team 45i, A05: Canvas renamed
+    a student between two downloads, the second collect made a new id beside the old one, and the
+    export wrote two rows with one `ID`, the stale grade among them, with no word)."""
+    ids: dict[str, list[str]] = {}
+    for student in sorted(chosen):
+        ids.setdefault(str(students[student]["user"]), []).append(student)
+    twice = {user: names for user, names in ids.items() if len(names) > 1}
+    if twice:
+        user, names = next(iter(twice.items()))
+        raise ValueError(one_line(
+            f"{lms} user {user} is {len(names)} students here: {', '.join(names)} (the LMS changed their name "
+            f"between downloads){f', and {len(twice) - 1} more users alike' if len(twice) > 1 else ''}. Keep the "
+            f"folder of the current submission, move the other out of the course (mv submitted/<student>/{assignment} "
+            "<elsewhere>), then collect, grade and export again"))
+
+
 def maximum(course: Path, assignment: str) -> float:
     source = read_notebook(course / "solutions" / assignment / f"{assignment}.ipynb")
     return sum(float(c["metadata"]["nbgrader"]["points"]) for c in source["cells"]
@@ -85,6 +102,7 @@ def export_grades(course: Path, assignment: str, lms: str, to: Path, url: str | 
               for s, parts in scores(course, assignment, db_url(course, url)).items()}
     most = maximum(course, assignment)
     exported = {s: graded[s] for s in students if s in graded}
+    one_per_user(students, exported, lms, assignment)
     with open(to, "w", newline="", encoding="utf-8") as f:
         rows = csv.writer(f)
         if lms == "canvas":
@@ -121,6 +139,7 @@ def pack_feedback(course: Path, assignment: str, lms: str, out: Path) -> Path:
     """Each collected student's feedback page in OUT/<assignment>-feedback-<lms>.zip, named for
     `lms`'s bulk feedback upload. Names the students collected who have no page."""
     students = collected(course, assignment, lms)
+    one_per_user(students, students, lms, assignment)
     out.mkdir(parents=True, exist_ok=True)
     archive, packed, missing = out / f"{assignment}-feedback-{lms}.zip", 0, []
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:

@@ -222,3 +222,24 @@ def test_lines_about_files_that_read_as_no_students_are_capped_and_a_classmates_
     more = re.search(rf"{collect.UNOWNED}: (\d+) more files skipped, not listed", said)
     assert more and int(more[1]) >= 40 - collect.NOTES_UNOWNED, said  # (and nbgrader's lines on the refused)
     assert f"bob_smith_222: skipped {A}_old.ipynb: the same submission holds {A}.ipynb" in said
+
+
+def test_a_student_canvas_renamed_between_downloads_is_named_and_never_exported_twice(registered_course, tmp_path):
+    """Red team 45i, A05: Canvas user 123456, `smithjane` in the first download and `doejane` in
+    the second, became two students; `export --lms canvas` wrote two rows with ID 123456 (the stale
+    grade among them), silently."""
+    from grader import lms
+    course = Path(shutil.copytree(registered_course, tmp_path / "course"))
+    run_collect(course, lms_zip(tmp_path / "one.zip", {f"smithjane_123456_7890123_{A}.ipynb": "old"}), "canvas")
+    said = run_collect(course, lms_zip(tmp_path / "two.zip", {f"doejane_123456_7890999_{A}.ipynb": "new"}), "canvas")
+    assert "SAME USER: canvas user 123456 is 2 students here, doejane_123456, smithjane_123456" in said
+    gradebook.prepare(course, A)
+    graded(course, {"doejane_123456": (99, "", None), "smithjane_123456": (0, "", None)})
+    for step in (lambda: lms.export_grades(course, A, "canvas", tmp_path / "grades.csv"),
+                 lambda: lms.pack_feedback(course, A, "canvas", tmp_path / "upload")):
+        with pytest.raises(ValueError, match="canvas user 123456 is 2 students here: doejane_123456, smithjane_123456"):
+            step()
+    assert not (tmp_path / "grades.csv").exists()
+    shutil.move(course / "submitted" / "smithjane_123456", tmp_path / "stale")  # as the message says
+    run_collect(course, lms_zip(tmp_path / "two.zip", {f"doejane_123456_7890999_{A}.ipynb": "new"}), "canvas")
+    assert lms.export_grades(course, A, "canvas", tmp_path / "grades.csv") == {"doejane_123456": sum(fabricate.test_points(A).values())}
