@@ -380,6 +380,12 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
                   else None, line) for line in logged])
     students = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
     print(one_line(f"{plural(len(students), 'submission')} of {assignment} in {course / 'submitted'}: {', '.join(students)}"))
+    if lms == "canvas" and any(re.match(r"(late_)?anon", p.name, re.I) and not canvas(p.relative_to(archive))
+                               for p in archive.glob("*.ipynb")):
+        print(one_line("  ANONYMOUS: this download's names carry no student (Canvas's anonymous grading names files "
+                       "anon_...): its notebooks cannot be matched to students here. Download again with anonymous "
+                       "grading off (or after grades are posted), or put each notebook in "
+                       f"submitted/<student>/{assignment}/{assignment}.ipynb by hand"))
     chosen = latest_uploads(archive, parse, release=release_of(course, assignment))
     remember(course, assignment, lms, {student: upload for student, upload in chosen.items() if student in students})
     print_same_user(course, assignment, lms)

@@ -243,3 +243,14 @@ def test_a_student_canvas_renamed_between_downloads_is_named_and_never_exported_
     shutil.move(course / "submitted" / "smithjane_123456", tmp_path / "stale")  # as the message says
     run_collect(course, lms_zip(tmp_path / "two.zip", {f"doejane_123456_7890999_{A}.ipynb": "new"}), "canvas")
     assert lms.export_grades(course, A, "canvas", tmp_path / "grades.csv") == {"doejane_123456": sum(fabricate.test_points(A).values())}
+
+
+def test_a_canvas_download_with_anonymous_grading_says_why_no_one_was_collected(tmp_path):
+    """Red team 45i, A10: with anonymous grading on, Canvas names files `anon_<id>_...`: nobody was
+    collected, and the lines said only "Not a CanvasCollector submission"."""
+    course = fresh_course(tmp_path / "course")
+    said = run_collect(course, lms_zip(tmp_path / "anon.zip", {f"anon_x7k2q_7890123_{A}.ipynb": "a",
+                                                               f"LATE_anon_p9w3z_7890456_{A}.ipynb": "b"}), "canvas")
+    assert "ANONYMOUS: this download's names carry no student" in said
+    plain = run_collect(course, lms_zip(tmp_path / "named.zip", {f"doejane_123456_7890123_{A}.ipynb": "jane"}), "canvas")
+    assert "ANONYMOUS" not in plain
