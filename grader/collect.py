@@ -99,15 +99,16 @@ def canvas(relative: Path) -> dict | None:
     submissions, the untouched release, uploaded second, beat the `Copy of ...` with the work). The
     download holds the current submission's files only, so they are one submission, ranked by the
     rules for one (`latest_uploads`), the file id last before the name."""
-    match = CANVAS.match(relative.name) if len(relative.parts) == 1 else None
+    name = unicodedata.normalize("NFC", relative.name)  # `u` and a combining mark, as macOS writes it, is `ü`
+    match = CANVAS.match(name) if len(relative.parts) == 1 else None  # (red team 45j, A01: \w reads no mark)
     if not match:
         return None
-    if ambiguous(relative.name, CANVAS_FIELDS):
+    if ambiguous(name, CANVAS_FIELDS):
         return {"student_id": None, "ambiguous": relative.name}
     student = f"{match['person'].lower()}_{match['user']}"
     return {"student_id": gradebook_id(student), "lms_id": student, "late": bool(match["late"]),
             "order": (upload_number(match["name"]), int(match["file"])),
-            "user": match["user"], "name": match["person"], "prefix": relative.name[:match.start("name")],
+            "user": match["user"], "name": match["person"], "prefix": name[:match.start("name")],
             "uploaded": match["name"]}
 
 
@@ -290,7 +291,7 @@ def members(download: Path):
     if download.is_dir():
         for path in sorted(download.rglob("*")):
             if path.is_symlink() or path.is_file():
-                yield path.relative_to(download).as_posix(), path.lstat().st_size, path.open
+                yield path.relative_to(download).as_posix(), path.lstat().st_size, lambda path=path: path.open("rb")
         return
     with zipfile.ZipFile(download) as archive:
         for info in archive.infolist():

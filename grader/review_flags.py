@@ -144,7 +144,8 @@ def module_flags(name: str) -> set[str]:
     parts = name.replace(":", ".").split(".")
     found = {SUSPECT_NAMES[part] for part in parts if SUSPECT_NAMES.get(part)}
     if parts[0] and not installed(parts[0]):
-        found.add(f"imports {parts[0]}, which is not installed where grading runs (the part fails with "
+        shown = parts[0] if len(parts[0]) <= 60 else parts[0][:57] + "..."  # the student's text (red team 45j, A03)
+        found.add(f"imports {shown}, which is not installed where grading runs (the part fails with "
                   "ModuleNotFoundError)")
     return found
 

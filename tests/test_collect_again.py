@@ -158,7 +158,7 @@ def test_results_prints_the_whole_classs_table_and_report_from_the_gradebook(reg
         url = stack.enter_context(postgres.Server()).database("gradebook") if database == "postgresql" else None
         gradebook.prepare(course, A, url)
         graded(course, {"doejane_123456": (99, "", None)}, url)                  # shard 1
-        graded(course, {"smithomar_223344": (1, "p2: expected 3.0, got \x1b[2J 4.0", None,  # shard 2
+        graded(course, {"smithomar_223344": (1, "p2: expected 3.0, got \x1b[2J 4.0 \x00\ud800", None,  # shard 2
                                              {"p1": ["reads the call stack"]}),
                         "leebo_4455": (0, "", "the notebook ran out of time")}, url)
         main(["results", A, "--course", str(course), *(["--db-url", url] if url else [])])
@@ -169,7 +169,8 @@ def test_results_prints_the_whole_classs_table_and_report_from_the_gradebook(reg
     assert {s: float(r[-1]) for s, r in rows.items()} == {"doejane_123456": sum(points.values()),
                                                          "smithomar_223344": list(points.values())[0], "leebo_4455": 0}, said
     second = list(points)[1]
-    assert f"  smithomar_223344 {second} failed: p2: expected 3.0, got \\x1b[2J 4.0" in said  # shown, never obeyed
+    # shown, never obeyed; a NUL (which PostgreSQL refuses in text: red team 45j, A05, A06) and a lone surrogate stored
+    assert f"  smithomar_223344 {second} failed: p2: expected 3.0, got \\x1b[2J 4.0 \\x00?" in said
     assert "NOT GRADED leebo_4455: the notebook ran out of time (recorded as 0)" in said
     assert "  READ smithomar_223344 p1: its answer reads the call stack" in said  # the flags kept with the grade
     assert "NOT GRADED YET: 1 student with a submission in submitted/ and no grade: kimann_5566" in said
@@ -254,3 +255,56 @@ def test_a_canvas_download_with_anonymous_grading_says_why_no_one_was_collected(
     assert "ANONYMOUS: this download's names carry no student" in said
     plain = run_collect(course, lms_zip(tmp_path / "named.zip", {f"doejane_123456_7890123_{A}.ipynb": "jane"}), "canvas")
     assert "ANONYMOUS" not in plain
+
+
+def test_a_grade_whose_record_fails_is_rolled_back_not_committed_with_the_next_students(registered_course, tmp_path,
+                                                                                       monkeypatch):
+    """Red team 45j, A06: PostgreSQL refused one student's report line; the grader neither caught
+    it nor rolled back, and the next student's commit wrote her grades without her report lines
+    or the record of her flags."""
+    from grader import results
+    course = Path(shutil.copytree(registered_course, tmp_path / "course"))
+    run_collect(course, lms_zip(tmp_path / "canvas.zip", {f"doejane_123456_7890123_{A}.ipynb": "jane",
+                                                          f"smithomar_223344_7890456_{A}.ipynb": "omar"}), "canvas")
+    gradebook.prepare(course, A)
+    real = results.write_notes
+
+    def refused_for_jane(book, assignment, student, report):
+        if student == "doejane_123456":
+            raise ValueError("the database refused a line")  # as psycopg's DataError on a NUL
+        real(book, assignment, student, report)
+    monkeypatch.setattr(results, "write_notes", refused_for_jane)
+    points = fabricate.test_points(A)
+    release = notebooks.read_notebook(course / "exercises" / A / f"{A}.ipynb")
+    from nbgrader.api import Gradebook
+    with Gradebook(gradebook.db_url(course)) as book, warnings.catch_warnings():
+        warnings.filterwarnings("ignore")
+        for student in ("doejane_123456", "smithomar_223344"):  # one session, as a grading run's
+            verdicts = {t: {"passed": True, "message": ""} for t in points}
+            ran = notebooks.read_submission(course, student, A, release)
+            try:
+                gradebook.record(book, course, A, student, (verdicts, ran, None, None, {"p1": ["reads the call stack"]}),
+                                 points, release, schedule.Report(), secrets=["s"], hidden_lines=set())
+            except ValueError:
+                assert student == "doejane_123456"
+        assert gradebook.graded_students(book, A, points) == {"smithomar_223344"}  # jane: graded again next run
+        assert set(gradebook.graded_records(book, A)) == {"smithomar_223344"}
+
+
+def test_a_canvas_name_in_decomposed_unicode_is_the_same_student_and_a_folder_download_is_read(tmp_path):
+    """Red team 45j, A01: `mu\\u0308llerjürgen` (a combining mark, as macOS writes names) did not
+    match Canvas's name pattern: never collected, a re-submission ignored. A02: a download given as
+    a folder (`--zip FOLDER`, as the help says) crashed collection (files read as text)."""
+    from grader import review_flags
+    course = fresh_course(tmp_path / "course")
+    composed = f"müllerjürgen_445566_7890123_{A}.ipynb"
+    run_collect(course, lms_zip(tmp_path / "one.zip", {composed: "first"}), "canvas")
+    folder = tmp_path / "folder"
+    with __import__("zipfile").ZipFile(lms_zip(tmp_path / "two.zip", {
+            unicodedata.normalize("NFD", composed.replace("7890123", "7890999")): "again"})) as z:
+        z.extractall(folder)
+    said = run_collect(course, folder, "canvas")
+    assert collected(course) == {"müllerjürgen_445566": "again"}, said
+    assert "NOT IN THIS DOWNLOAD" not in said
+    long = review_flags.module_flags("a" * 2100)  # a student's module name, shortened in the flag
+    assert len(next(iter(long))) < 200
