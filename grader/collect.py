@@ -305,6 +305,8 @@ def members(download: Path):
 # submission holds more than a few notebooks of a few MB.
 NOTEBOOKS_PER_STUDENT = 10
 BYTES_PER_STUDENT = 2 * NOTEBOOK_BYTES
+TOO_MANY = (f"one notebook too many: at most {NOTEBOOKS_PER_STUDENT} notebooks, {BYTES_PER_STUDENT // 2**20} MB "
+            "in all, are read from one student's upload")
 
 
 def unpack(download: Path, into: Path, parse=None) -> dict[str, str]:
@@ -322,10 +324,8 @@ def unpack(download: Path, into: Path, parse=None) -> dict[str, str]:
         info = parse(Path(name)) if parse and why is None else None
         whose = (info or {}).get("student_id") or (relative.parts[0] if len(relative.parts) > 1 else "")
         count, total = read.get(whose, (0, 0))
-        too_many = (f"one notebook too many: at most {NOTEBOOKS_PER_STUDENT} notebooks, "
-                    f"{BYTES_PER_STUDENT // 2**20} MB in all, are read from one student's upload")
         if why is None and (count >= NOTEBOOKS_PER_STUDENT or total + size > BYTES_PER_STUDENT):
-            why = too_many
+            why = TOO_MANY
         if why is None:
             with opened() as source:
                 data = source.read(NOTEBOOK_BYTES + 1)  # a zip's stated size may lie
@@ -333,7 +333,7 @@ def unpack(download: Path, into: Path, parse=None) -> dict[str, str]:
             if len(data) > NOTEBOOK_BYTES:
                 why = f"larger than {NOTEBOOK_BYTES // 2**20} MB"
             elif total + len(data) > BYTES_PER_STUDENT:
-                why = too_many
+                why = TOO_MANY
             else:
                 target = into.joinpath(*relative.parts)
                 try:

@@ -12,9 +12,9 @@ student code: it prints what the grader wrote.
 The report's lines are kept in a table of the grader's own, `mpcourse_report`, in the gradebook's
 database beside nbgrader's tables (which nbgrader neither reads nor changes): one row per line,
 replaced with the student's grades in one transaction. The answers to read by hand are the review
-flags the grade was written with (grader/gradebook.py's GRADED table), their one home. The failure messages are the runner's own,
-as the grading run prints them: for the instructor only, never shown to a student (nbgrader's
-feedback reads none of this table).
+flags the grade was written with (grader/gradebook.py's GRADED table), their one home. The failure
+messages are the runner's own, as the grading run prints them: for the instructor only, never shown
+to a student (nbgrader's feedback reads none of this table).
 """
 from pathlib import Path
 from types import SimpleNamespace
