@@ -16,6 +16,7 @@ flags the grade was written with (grader/gradebook.py's GRADED table), their one
 messages are the runner's own, as the grading run prints them: for the instructor only, never shown
 to a student (nbgrader's feedback reads none of this table).
 """
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -110,6 +111,17 @@ def read_report(url: str, assignment: str, graded: set[str]):
     return report
 
 
+def late_hand_ins(course: Path, assignment: str) -> dict[str, dict]:
+    """{student: what collect remembered} of the students an LMS download named late (Canvas's
+    `_late`), or {} where the assignment was not collected from an LMS."""
+    from grader.collect import LMS_FILE
+    try:
+        known = json.loads((course / "downloaded" / assignment / LMS_FILE).read_text(encoding="utf-8"))
+        return {s: e for s, e in known["students"].items() if isinstance(e, dict) and e.get("late") is True}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
 def print_results(course: Path, assignment: str, url: str | None = None) -> None:
     """The scores per part of every student graded in `assignment`, then the report's lines for
     all of them, then the students with a submission and no grade."""
@@ -125,6 +137,9 @@ def print_results(course: Path, assignment: str, url: str | None = None) -> None
     else:
         print_table(assignment, graded, test_points(assignment))
         print_report(read_report(url, assignment, set(graded)))
+    for student, entry in sorted(late_hand_ins(course, assignment).items()):
+        if student in graded:  # collect's LATE lines, again where the class's results are read (walkthrough 47c)
+            print(one_line(f"  LATE: {student} handed in {assignment} late ({entry.get('file', '?')})"))
     waiting = sorted(set(submitters(course, assignment)) - set(graded))
     if waiting:
         print(one_line(f"  NOT GRADED YET: {plural(len(waiting), 'student')} with a submission in submitted/ and no "

@@ -152,7 +152,7 @@ def test_results_prints_the_whole_classs_table_and_report_from_the_gradebook(reg
     course = Path(shutil.copytree(registered_course, tmp_path / "course"))
     run_collect(course, lms_zip(tmp_path / "canvas.zip", {f"doejane_123456_7890123_{A}.ipynb": "jane",
                                                           f"smithomar_223344_7890456_{A}.ipynb": "omar",
-                                                          f"leebo_4455_7777_{A}.ipynb": "bo",
+                                                          f"leebo_late_4455_7777_{A}.ipynb": "bo",
                                                           f"kimann_5566_8888_{A}.ipynb": "ann"}), "canvas")
     with contextlib.ExitStack() as stack:
         url = stack.enter_context(postgres.Server()).database("gradebook") if database == "postgresql" else None
@@ -176,6 +176,7 @@ def test_results_prints_the_whole_classs_table_and_report_from_the_gradebook(reg
     assert "NOT GRADED YET: 1 student with a submission in submitted/ and no grade: kimann_5566" in said
     assert not any(line.startswith("  doejane_123456") for line in said.splitlines())  # jane: a row, no failure line
     assert "3 students graded in" in said
+    assert f"LATE: leebo_4455 handed in {A} late" in said and said.count("LATE:") == 1  # collect's line, again
 
 
 def test_counts_of_one_read_in_the_singular():
