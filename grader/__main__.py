@@ -11,7 +11,7 @@ run every submission in sandboxes (grader/runs.py).
                                       # gradebook (after shards too: grader/results.py)
     python -m grader prepare ASSIGNMENT ... [--course DIR] [--db-url URL]
                                       # once, before `grade --shard K/N` on several machines
-    python -m grader pack-feedback ASSIGNMENT ... [--course DIR] [--out DIR] [--lms canvas|moodle]
+    python -m grader pack-feedback ASSIGNMENT ... [--course DIR] [--out DIR] [--lms canvas|moodle] [--db-url URL]
                                       # each student's feedback page; with --lms, in the zip that
                                       # LMS's bulk feedback upload takes (grader/lms.py)
     python -m grader export [--course DIR] [--db-url URL] [--to grades.csv]
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         from grader import lms
         from grader.feedback import pack_feedback
         out = (args.out or args.course / "feedback-upload").resolve()
-        for_each(cli, args, lambda name: lms.pack_feedback(args.course.resolve(), name, args.lms, out) if args.lms
+        for_each(cli, args, lambda name: lms.pack_feedback(args.course.resolve(), name, args.lms, out, args.db_url) if args.lms
                  else pack_feedback(args.course.resolve(), name, out))
     elif args.command == "export" and args.lms:
         from grader import lms

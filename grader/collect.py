@@ -62,6 +62,7 @@ from grader.report import one_line, plural, printable
 
 CANVAS = re.compile(r"^(?P<person>[\w.\-]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<file>\d+)_(?P<name>.+)$",
                     re.I)  # \w: a name may hold any letter (müllerjürgen)
+ANONYMOUS = re.compile(r"^(late_)?anon_", re.I)  # Canvas's names with anonymous grading on
 MOODLE = re.compile(r"^(?P<person>.+?)_(?P<user>\d+)_assign(?:submission|feedback)_[a-z]+_(?P<name>.*)$")
 # Where the LMS's own fields may start in a name (Canvas: user and file ids; Moodle: the
 # participant number): a name where they could start at two places reads as two students' uploads.
@@ -76,6 +77,14 @@ def ambiguous(name: str, fields: re.Pattern) -> bool:
     the attacker's upload a classmate's latest one). Such a file is refused and named, never
     guessed."""
     return sum(1 for m in fields.finditer(name) if m.start() > 0) > 1
+
+
+def marks_as_letters(name: str) -> str:
+    """`name` with each combining mark read as a letter, for matching: \w reads letters, not the
+    marks that some scripts write as characters of their own (Devanagari's vowel signs, Arabic's
+    shadda: red team 45j, A01, and 45k, A04, never collected). The same length, so a match's
+    spans hold for `name` itself."""
+    return "".join("a" if unicodedata.category(c)[0] == "M" else c for c in name)
 
 
 def gradebook_id(lms_id: str) -> str:
@@ -100,15 +109,19 @@ def canvas(relative: Path) -> dict | None:
     download holds the current submission's files only, so they are one submission, ranked by the
     rules for one (`latest_uploads`), the file id last before the name."""
     name = unicodedata.normalize("NFC", relative.name)  # `u` and a combining mark, as macOS writes it, is `ü`
-    match = CANVAS.match(name) if len(relative.parts) == 1 else None  # (red team 45j, A01: \w reads no mark)
+    if ANONYMOUS.match(name):  # no student in it: `anon_x7k2q_7890123_1_hw.ipynb` read as user 7890123 (45k, A01)
+        return None
+    match = CANVAS.match(marks_as_letters(name)) if len(relative.parts) == 1 else None
     if not match:
         return None
+    match = {group: name[match.start(group):match.end(group)] if match[group] is not None else None
+             for group in ("person", "late", "user", "file", "name")} | {"name_at": match.start("name")}
     if ambiguous(name, CANVAS_FIELDS):
         return {"student_id": None, "ambiguous": relative.name}
     student = f"{match['person'].lower()}_{match['user']}"
     return {"student_id": gradebook_id(student), "lms_id": student, "late": bool(match["late"]),
             "order": (upload_number(match["name"]), int(match["file"])),
-            "user": match["user"], "name": match["person"], "prefix": name[:match.start("name")],
+            "user": match["user"], "name": match["person"], "prefix": name[:match["name_at"]],
             "uploaded": match["name"]}
 
 
@@ -296,7 +309,19 @@ def members(download: Path):
     with zipfile.ZipFile(download) as archive:
         for info in archive.infolist():
             if not info.is_dir():
-                yield info.filename, info.file_size, lambda info=info: archive.open(info)
+                yield utf8_name(info), info.file_size, lambda info=info: archive.open(info)
+
+
+def utf8_name(info: zipfile.ZipInfo) -> str:
+    """The member's name, read as UTF-8 also where the zip does not flag it so: zipfile then reads
+    it as CP437, and `müller` came out `m├╝ller`, a name no LMS pattern reads (red team 45k, A03).
+    Bytes that are not UTF-8 keep zipfile's reading."""
+    if info.flag_bits & 0x800:
+        return info.filename
+    try:
+        return info.filename.encode("cp437").decode("utf-8")
+    except UnicodeError:
+        return info.filename
 
 
 # The most notebooks, and bytes of them, read from one student's upload: each is written twice
@@ -381,8 +406,7 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
                   else None, line) for line in logged])
     students = sorted(p.parent.name for p in (course / "submitted").glob(f"*/{assignment}"))
     print(one_line(f"{plural(len(students), 'submission')} of {assignment} in {course / 'submitted'}: {', '.join(students)}"))
-    if lms == "canvas" and any(re.match(r"(late_)?anon", p.name, re.I) and not canvas(p.relative_to(archive))
-                               for p in archive.glob("*.ipynb")):
+    if lms == "canvas" and any(ANONYMOUS.match(p.name) for p in archive.glob("*.ipynb")):
         print(one_line("  ANONYMOUS: this download's names carry no student (Canvas's anonymous grading names files "
                        "anon_...): its notebooks cannot be matched to students here. Download again with anonymous "
                        "grading off (or after grades are posted), or put each notebook in "
@@ -440,6 +464,7 @@ def print_absent(course: Path, assignment: str, absent: list[str]) -> None:
 
 
 NBGRADER_COUNTS = re.compile(r"^(\d+) files collected, (\d+) files skipped$")
+COUNTS = re.compile(r"^\d+ files? collected, \d+ files? skipped$")  # the same, as `counted` writes it
 
 
 def counted(line: str) -> str:
@@ -459,6 +484,9 @@ def print_notes(notes: list[tuple[str | None, str]]) -> None:
     classmate's LATE line was lost): the first few, then how many more."""
     about: dict[str, int] = {}
     for student, line in notes:
+        if student is None and (line.startswith(("LATE:", "LONG ID:")) or COUNTS.match(line)):
+            print(" ", one_line(line))  # about one student each, or the counts: never capped (red team 45k, A10)
+            continue
         key = student or ""  # "": files that read as no student's
         about[key] = about.get(key, 0) + 1
         if about[key] <= (NOTES_PER_STUDENT if key else NOTES_UNOWNED):
@@ -512,7 +540,7 @@ def remember(course: Path, assignment: str, lms: str, uploads: dict[str, tuple[P
     entry, and one whose folder is no longer in submitted/ (moved out) is forgotten."""
     path = course / "downloaded" / assignment / LMS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    known = json.loads(path.read_text()) if path.is_file() else {}
+    known = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     students = {} if known.get("lms") != lms else known.get("students", {})
     here = {p.parent.name for p in (course / "submitted").glob(f"*/{assignment}")}
     students = {s: entry for s, entry in students.items() if s in here}  # a submission moved out: forgotten
@@ -523,4 +551,4 @@ def remember(course: Path, assignment: str, lms: str, uploads: dict[str, tuple[P
                              **({"prefix": info["prefix"]} if "prefix" in info else {})}
     kept = {"column": known["column"]} if known.get("lms") == lms and "column" in known else {}  # export --column
     path.write_text(json.dumps({"lms": lms, "assignment": assignment, "students": students, **kept}, indent=1,
-                               ensure_ascii=False))
+                               ensure_ascii=False), encoding="utf-8")  # whatever the locale (red team 45k, A07)

@@ -386,6 +386,44 @@ def scores(course: Path, assignment: str, url: str | None = None) -> dict[str, d
     return result
 
 
+def not_current(course: Path, assignment: str, url: str | None = None) -> dict[str, str]:
+    """{student: why the grade the gradebook holds is not the one to hand back now}: a part with no
+    grade written (a run stopped half-way through their rows: red team 45k, A11, shown as 0), or a
+    submission collected again since it was graded (A02, A06: `results`, `export --lms` and
+    `pack-feedback --lms` gave the old grade, flags and page, silently). `grade` grades both."""
+    from nbgrader.api import Gradebook, MissingEntry
+    from sqlalchemy.exc import SQLAlchemyError
+    marked = scores(course, assignment, db_url(course, url))  # nbgrader's score: 0.0 where none is written
+    with Gradebook(db_url(course, url)) as gradebook:
+        try:
+            cells = {c.name for nb in gradebook.find_assignment(assignment).notebooks for c in nb.grade_cells}
+        except MissingEntry:
+            return {}
+        written = graded_students(gradebook, assignment, dict.fromkeys(cells))
+        try:
+            records = graded_records(gradebook, assignment)
+        except SQLAlchemyError:  # a gradebook graded before GRADED existed
+            gradebook.db.rollback()
+            records = {}
+    out = {s: HALF_WRITTEN for s in marked if s not in written}
+    for student in handed_in_again(course, assignment, sorted(set(marked) - set(out)), records):
+        out[student] = "handed in again since graded (a later download was collected)"
+    return out
+
+
+HALF_WRITTEN = "a part has no grade written (a grading run stopped half-way through this student)"
+
+
+def refuse_not_current(course: Path, assignment: str, url: str | None, doing: str) -> None:
+    """ValueError naming the students whose grade is `not_current`, before `doing` hands it back."""
+    stale = not_current(course, assignment, url)
+    if stale:
+        listed = "; ".join(f"{s}: {why}" for s, why in sorted(stale.items())[:5])
+        more = f"; and {len(stale) - 5} more" if len(stale) > 5 else ""
+        raise ValueError(f"not {doing}: {len(stale)} grade(s) of {assignment} are not current ({listed}{more}). "
+                         f"Grade them first: python -m grader grade {assignment}")
+
+
 def export(course: Path, to: Path, url: str | None = None) -> list[tuple[str, str]]:
     """Every grade in the gradebook to the CSV file `to` (`nbgrader export`'s layout: one row per
     student and assignment), from the course's gradebook or the one at `url`; the (assignment,

@@ -30,7 +30,7 @@ import zipfile
 from pathlib import Path
 
 from grader.collect import LMS_FILE
-from grader.gradebook import db_url, scores
+from grader.gradebook import db_url, refuse_not_current, scores
 from grader.notebooks import grade_id, read_notebook
 from grader.report import one_line, plural
 
@@ -43,7 +43,7 @@ MOODLE_PARTICIPANT = "Participant "  # Moodle's string 'hiddenuser': "Participan
 def collected(course: Path, assignment: str, lms: str) -> dict[str, dict]:
     """{student: what collection remembered}; ValueError if `assignment` was not collected from `lms`."""
     path = course / "downloaded" / assignment / LMS_FILE
-    known = json.loads(path.read_text()) if path.is_file() else {}
+    known = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     if known.get("lms") != lms:
         raise ValueError(f"{assignment} was not collected from {lms} in {course} (no {path.relative_to(course)} "
                          f"for {lms}): run `python -m grader collect {assignment} --lms {lms} --zip DOWNLOAD` first")
@@ -91,10 +91,11 @@ def export_grades(course: Path, assignment: str, lms: str, to: Path, url: str | 
     downloaded/<assignment>/lms.json: a re-export after a regrade that forgot it made Canvas create a
     new column; instructor walkthrough 47b, K4); default the assignment's name."""
     students = collected(course, assignment, lms)
+    refuse_not_current(course, assignment, url, "exported")
     known_path = course / "downloaded" / assignment / LMS_FILE
-    known = json.loads(known_path.read_text()) if known_path.is_file() else {}
+    known = json.loads(known_path.read_text(encoding="utf-8")) if known_path.is_file() else {}
     if column and lms == "canvas" and known and known.get("column") != column:
-        known_path.write_text(json.dumps({**known, "column": column}, indent=1, ensure_ascii=False))
+        known_path.write_text(json.dumps({**known, "column": column}, indent=1, ensure_ascii=False), encoding="utf-8")
     elif not column and lms == "canvas" and known.get("column"):
         column = str(known["column"])
         print(one_line(f"  column {column!r}, as the last export named it (--column to change it)"))
@@ -135,10 +136,11 @@ def upload_name(lms: str, assignment: str, entry: dict) -> str:
     return f"{entry['name']}_{entry['user']}_assignfeedback_file_/{assignment}_feedback.html"
 
 
-def pack_feedback(course: Path, assignment: str, lms: str, out: Path) -> Path:
+def pack_feedback(course: Path, assignment: str, lms: str, out: Path, url: str | None = None) -> Path:
     """Each collected student's feedback page in OUT/<assignment>-feedback-<lms>.zip, named for
     `lms`'s bulk feedback upload. Names the students collected who have no page."""
     students = collected(course, assignment, lms)
+    refuse_not_current(course, assignment, url, "packed")
     one_per_user(students, students, lms, assignment)
     out.mkdir(parents=True, exist_ok=True)
     archive, packed, missing = out / f"{assignment}-feedback-{lms}.zip", 0, []

@@ -126,17 +126,23 @@ def print_results(course: Path, assignment: str, url: str | None = None) -> None
     """The scores per part of every student graded in `assignment`, then the report's lines for
     all of them, then the students with a submission and no grade."""
     from grader.fabricate import test_points
-    from grader.gradebook import db_url, scores, submitters, without_password
+    from grader.gradebook import HALF_WRITTEN, db_url, not_current, scores, submitters, without_password
     url = db_url(course, url)
     absent = url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists()
     graded = {} if absent else scores(course, assignment, url)  # (opening a missing SQLite file would create it)
-    graded = {s: {t: (v or 0.0) for t, v in parts.items()} for s, parts in graded.items()}
+    stale = {} if absent else not_current(course, assignment, url)
+    graded = {s: {t: (v or 0.0) for t, v in parts.items()} for s, parts in graded.items()
+              if stale.get(s) != HALF_WRITTEN}  # half-written: NOT GRADED YET, below
     if not graded:
         print(f"no grade of {assignment} in {without_password(url)}: grade it first "
               f"(python -m grader grade {assignment})")
     else:
         print_table(assignment, graded, test_points(assignment))
         print_report(read_report(url, assignment, set(graded)))
+    for student, why in sorted(stale.items()):
+        if student in graded:
+            print(one_line(f"  NOT CURRENT {student}: {why}: the grade above is the earlier submission's "
+                           f"(python -m grader grade {assignment} grades it again)"))
     for student, entry in sorted(late_hand_ins(course, assignment).items()):
         if student in graded:  # collect's LATE lines, again where the class's results are read (walkthrough 47c)
             print(one_line(f"  LATE: {student} handed in {assignment} late ({entry.get('file', '?')})"))

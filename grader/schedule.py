@@ -46,7 +46,7 @@ from grader.gradebook import (create_graded_table, db_url, graded_records, grade
                               submitters, without_password)
 from grader.notebooks import (files_note, grade_id, normalised, part_of, read_notebook, read_submission, recovered,
                               source_text, student_code, submission_files, uploaded_as)
-from grader.report import plural
+from grader.report import one_line, plural
 from grader.review_flags import ANSWER_CHARS, review_flags
 from grader.withheld import declared, library_copy
 from grader.runs import (BrokenEnvironment, NoSandbox, defined_names, environment_problem, hidden_test_job,  # noqa: F401
@@ -162,6 +162,10 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
     broken = environment_problem(sandbox)
     if broken:
         raise BrokenEnvironment(f"refusing to grade: {broken}.")
+    outside = [s for s in (students or ()) if shard is not None and not in_shard(s, shard)]
+    if outside:  # the guide's regrade command with --shard (red team 45k, A05: "0 students graded", no word)
+        print(one_line(f"NOTE: {', '.join(outside)}: in another shard than {shard[0]}/{shard[1]}, not graded by this "
+                       "command (name them without --shard, or with their own)"), file=sys.stderr, flush=True)
     students = [s for s in (students or handed_in) if shard is None or in_shard(s, shard)]
     source = read_notebook(course / "solutions" / assignment / f"{assignment}.ipynb")
     release = read_notebook(course / "exercises" / assignment / f"{assignment}.ipynb")

@@ -309,3 +309,77 @@ def test_a_canvas_name_in_decomposed_unicode_is_the_same_student_and_a_folder_do
     assert "NOT IN THIS DOWNLOAD" not in said
     long = review_flags.module_flags("a" * 2100)  # a student's module name, shortened in the flag
     assert len(next(iter(long))) < 200
+
+
+def test_a_grade_that_is_not_current_is_never_handed_back_as_if_it_were(registered_course, tmp_path, capsys):
+    """Red team 45k, A02, A06: a re-submission collected after grading; `results`, `export --lms`
+    and `pack-feedback --lms` gave the earlier submission's grade and page, silently. A11: a student
+    whose rows a stopped run left half-written was shown and exported as 0."""
+    from nbgrader.api import Gradebook
+    from grader import lms
+    course = Path(shutil.copytree(registered_course, tmp_path / "course"))
+    run_collect(course, lms_zip(tmp_path / "one.zip", {f"doejane_123456_7890123_{A}.ipynb": "blank",
+                                                       f"kimann_5566_8888_{A}.ipynb": "ann"}), "canvas")
+    gradebook.prepare(course, A)
+    graded(course, {"doejane_123456": (0, "not done", None), "kimann_5566": (99, "", None)})
+    feedback_pages = tmp_path / "upload"
+    assert lms.export_grades(course, A, "canvas", tmp_path / "before.csv")["doejane_123456"] == 0  # current: fine
+    run_collect(course, lms_zip(tmp_path / "two.zip", {f"doejane_123456_7890999_{A}.ipynb": "finished",
+                                                       f"kimann_5566_8888_{A}.ipynb": "ann"}), "canvas")
+    with Gradebook(gradebook.db_url(course)) as book, warnings.catch_warnings():  # a stopped run's half
+        warnings.filterwarnings("ignore")
+        for grade in book.find_submission_notebook(A, A, "kimann_5566").grades:
+            grade.auto_score = None
+        book.db.commit()
+    main(["results", A, "--course", str(course)])
+    said = capsys.readouterr().out
+    assert "NOT CURRENT doejane_123456: handed in again since graded" in said
+    assert "NOT GRADED YET: 1 student with a submission in submitted/ and no grade: kimann_5566" in said
+    for step in (lambda: lms.export_grades(course, A, "canvas", tmp_path / "grades.csv"),
+                 lambda: lms.pack_feedback(course, A, "canvas", feedback_pages)):
+        with pytest.raises(ValueError, match=r"not current \(doejane_123456: handed in again since graded.*"
+                                             r"kimann_5566: a part has no grade written"):
+            step()
+    assert not (tmp_path / "grades.csv").exists()
+
+
+def test_canvas_names_with_marks_anonymous_names_and_zips_without_the_utf8_flag_are_read_right(tmp_path):
+    """Red team 45k: A04, names whose script writes marks as characters of their own (Devanagari's
+    vowel signs, Arabic's shadda) never collected; A01, an anonymous download whose file name began
+    with digits read the file id as a user id, silently; A03, a zip without the UTF-8 flag gave
+    `m├╝ller`; A10, late hand-ins' LATE lines capped with the skipped files."""
+    import zipfile
+    course = fresh_course(tmp_path / "course")
+    names = {f"अमितशर्मा_late_445566_7890123_{A}.ipynb": "amit", f"محمّد_7788_7890124_{A}.ipynb": "muhammad",
+             f"müllerjürgen_5566_7890125_{A}.ipynb": "jurgen"}
+    names.update({f"late{i:02d}_late_{9000 + i}_{8000 + i}_{A}.ipynb": f"l{i}" for i in range(12)})
+    lms_zip(tmp_path / "flagged.zip", names)
+    class Unflagged(zipfile.ZipInfo):  # the name's UTF-8 bytes, without the flag (as some zippers write)
+        def _encodeFilenameFlags(self):
+            return self.filename.encode("cp437"), self.flag_bits
+    with zipfile.ZipFile(tmp_path / "flagged.zip") as flagged, zipfile.ZipFile(tmp_path / "plain.zip", "w") as plain:
+        for info in flagged.infolist():
+            plain.writestr(Unflagged(info.filename.encode("utf-8").decode("cp437"), info.date_time), flagged.read(info))
+    with zipfile.ZipFile(tmp_path / "plain.zip") as plain:
+        assert any("├" in i.filename for i in plain.infolist())  # as zipfile reads it
+    said = run_collect(course, tmp_path / "plain.zip", "canvas")
+    assert {s: m for s, m in collected(course).items() if not s.startswith("late")} == {
+        "अमितशर्मा_445566": "amit", "محمّد_7788": "muhammad", "müllerjürgen_5566": "jurgen"}, said
+    assert said.count("LATE: ") == 13, said  # one line each, never capped
+    anonymous = fresh_course(tmp_path / "anonymous")
+    said = run_collect(anonymous, lms_zip(tmp_path / "anon.zip", {f"anon_x7k2q_7890123_1_{A}.ipynb": "a",
+                                                                  f"anon_12345_7890124_{A}.ipynb": "b"}), "canvas")
+    assert "ANONYMOUS" in said and collected(anonymous) == {}
+
+
+def test_a_student_named_with_another_shard_is_said_to_be_there(tmp_path, capsys):
+    """Red team 45k, A05: the guide's regrade command (`--student ID --regrade`) with `--shard K/N`
+    graded no one, saying only "0 students graded"."""
+    from tests.test_large_class import ASSIGNMENT as LA, StandIn, course_of, graded_by_stand_ins
+    course = course_of(tmp_path / "course", {"ada": {}, "bob": {}, "cy": {}})
+    release = notebooks.read_notebook(course / "exercises" / LA / f"{LA}.ipynb")
+    other = next(k for k in (1, 2) if not schedule.in_shard("ada", (k, 2)))
+    capsys.readouterr()
+    report = graded_by_stand_ins(course, pytest.MonkeyPatch())(StandIn(release), students=["ada"], shard=(other, 2))
+    assert report.scores == {}
+    assert f"ada: in another shard than {other}/2, not graded by this command" in capsys.readouterr().err
