@@ -32,6 +32,12 @@ SOURCE_CHARS = 20_000             # one cell's source
 SOURCE_TOTAL = 300_000            # all cells' sources together
 MESSAGE_CHARS = 300               # a failure message in the feedback, the grader's note aside
 IMAGE = re.compile(r"^[A-Za-z0-9+/=\s]*$")
+# Under the output of the summary cell (`grading.summary()`), a tick per part that passed its
+# visible tests in the run, right below a lower score (student walkthrough 48f, confusion 1): the
+# grader's own line after it, the student's output left as it is.
+SUMMARY_NOTE = ("[grader] The ticks above are the visible tests of this run of "
+                "your notebook, not the grade. The points of each part are under its test cell, and in the score "
+                "at the top of this page.\n")
 
 
 # A URL scheme that runs code or embeds a document, even with blanks or control characters
@@ -221,7 +227,9 @@ def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict,
         elif kind == "code":
             cells.append({"cell_type": "code", "metadata": metadata, "execution_count": execution_count(cell),
                           "source": cut(source_text(cell), sources),
-                          "outputs": capped(safe_outputs(cell.get("outputs")), budget)})
+                          "outputs": capped(safe_outputs(cell.get("outputs")), budget) + (
+                              [{"output_type": "stream", "name": "stdout", "text": SUMMARY_NOTE}]
+                              if gid == "summary" else [])})
     return {"cells": cells, "metadata": {k: release["metadata"][k] for k in ("kernelspec", "language_info")
                                          if k in release.get("metadata", {})},
             "nbformat": 4, "nbformat_minor": 5}

@@ -81,3 +81,15 @@ def test_the_names_the_runner_gives_an_answer_are_the_runners():
         if isinstance(node, ast.Assign) and node.targets[0].id in ("NOTEBOOK_HABITS", "NOTEBOOK_MODULES"):
             given |= {key.value for key in node.value.keys}
     assert given == advice.RUNNER_GIVES
+
+
+def test_the_summary_cells_ticks_are_said_to_be_the_visible_tests_and_its_output_is_kept():
+    """Student walkthrough 48f, confusion 1: the page listed a tick per part right under a lower score."""
+    summary = {"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "summary", "grade": False}},
+               "source": "grading.summary()"}
+    printed = "\N{CHECK MARK} Part 1\n<b>mine</b>\n"
+    ran = {"cells": [{**summary, "outputs": [{"output_type": "stream", "name": "stdout", "text": printed}]}]}
+    nb = feedback.feedback_notebook(ran, {"cells": [summary], "metadata": {}}, {}, {})
+    outputs = nb["cells"][0]["outputs"]
+    assert outputs[0]["text"] == printed and outputs[-1]["text"] == feedback.SUMMARY_NOTE
+    assert "visible tests" in feedback.SUMMARY_NOTE and "not the grade" in feedback.SUMMARY_NOTE
