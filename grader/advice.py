@@ -1,4 +1,4 @@
-"""What the grader adds to a part's failure message, and how a message is cut without losing it.
+"""What the grader adds to a part's failure message: a note on a name a test cell sets.
 Never runs student code: it reads the instructor's test cells and the student's cells as text.
 
     with_test_cell_names(verdicts, release, job) -> verdicts, a failed part's note added
@@ -41,7 +41,7 @@ def read_names(source: str) -> frozenset[str]:
     return used_names(source) & loaded
 
 
-def test_cell_names(release: dict) -> dict[str, list[str]]:
+def set_by_tests(release: dict) -> dict[str, list[str]]:
     """{name: [the parts whose released test cell sets it]}, less the names an answer gets anyway
     (the set-up cell's, the runner's, Python's own)."""
     cells = [c for c in release["cells"] if c.get("cell_type") == "code"]
@@ -56,7 +56,7 @@ def test_cell_names(release: dict) -> dict[str, list[str]]:
 
 
 def whose(cell: str) -> str:
-    """A cell of the hidden-test job, as the student knows it."""
+    """A cell of the hidden-test job, as the student knows it (as grader/hidden_tests.py names it)."""
     return f"the notebook's cell {cell}" if example(cell) else f"your cell {cell}"
 
 
@@ -100,7 +100,7 @@ def with_test_cell_names(verdicts: dict, release: dict, job: dict) -> dict:
     """The verdicts, each failed part's message with the grader's note (after NOTE) where its code
     reads a name a released test cell sets (`note`); `job`: the student's hidden-test job
     (grader/runs.py), whose cells the part ran."""
-    setters = test_cell_names(release)
+    setters = set_by_tests(release)
     parts = {part["test_id"]: part for part in job["parts"]}
     out = {}
     for test_id, verdict in verdicts.items():
