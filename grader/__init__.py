@@ -15,6 +15,7 @@ A submission's path, one way through the package, and the side each module is on
     hidden_tests   the program run inside a hidden-test sandbox                    runs student code (in a sandbox)
     no_threads     its parts start no thread, no process (seccomp)                 runs student code (in a sandbox)
     judge          each part decided from the two runs' records (data)             never runs student code
+    advice         the grader's note on a failed part (a name a test cell sets)    never runs student code
     gradebook      grades written as soon as known, exported; the secret           never runs student code
     schedule       a class, every core, shards: one student's path, in order       never runs student code
     feedback       the feedback notebook rebuilt from data, pages, packing         never runs student code

@@ -22,7 +22,7 @@ from pathlib import Path
 from grader import feedback_page
 from grader.course import ROOT, nbgrader
 from grader.notebooks import grade_id, normalised, part_of, source_text
-from grader.report import plural
+from grader.report import CUT, NOTE, plural, shortened
 
 OUTPUT_CHARS = 1_000_000          # the feedback's outputs, all cells together
 # The student's own text in the feedback page: nbgrader renders it outside every sandbox and limit,
@@ -30,8 +30,14 @@ OUTPUT_CHARS = 1_000_000          # the feedback's outputs, all cells together
 # notebooks' largest cell holds 8,452 characters, the largest notebook 42,413.
 SOURCE_CHARS = 20_000             # one cell's source
 SOURCE_TOTAL = 300_000            # all cells' sources together
-MESSAGE_CHARS = 300               # a failure message in the feedback
+MESSAGE_CHARS = 300               # a failure message in the feedback, the grader's note aside
 IMAGE = re.compile(r"^[A-Za-z0-9+/=\s]*$")
+# Under the output of the summary cell (`grading.summary()`), a tick per part that passed its
+# visible tests in the run, right below a lower score (student walkthrough 48f, confusion 1): the
+# grader's own line after it, the student's output left as it is.
+SUMMARY_NOTE = ("[grader] The ticks above are the visible tests of this run of "
+                "your notebook, not the grade. The points of each part are under its test cell, and in the score "
+                "at the top of this page.\n")
 
 
 # A URL scheme that runs code or embeds a document, even with blanks or control characters
@@ -55,8 +61,9 @@ def inert_markdown(text: str) -> str:
 
 
 def safe_message(message: str, *, secrets: list[str], hidden_lines: set[str]) -> str:
-    """A failure message fit for the student's feedback: capped, without the secret (nor a seed
-    drawn from it), and withheld whole if it quotes a line of the hidden tests."""
+    """A failure message fit for the student's feedback: capped (grader/report.py, `shortened`: the
+    runner's text cut, the grader's note kept), without the secret (nor a seed drawn from it), and
+    withheld whole if it quotes a line of the hidden tests."""
     text = str(message)
     if any(line in text for line in hidden_lines):
         return "(the message quotes the hidden tests: withheld, your instructor can see it)"
@@ -64,8 +71,12 @@ def safe_message(message: str, *, secrets: list[str], hidden_lines: set[str]) ->
         if secret and secret in text:  # a seed only as a number of its own, not inside another
             text = re.sub(rf"(?<![0-9]){secret}(?![0-9])" if secret.isdigit() else re.escape(secret), "(withheld)", text)
     text = re.sub(r"[0-9a-fA-F]{16,}", "(withheld)", text)  # a secret's fragment, hashed or not
-    text = "\n".join(text.splitlines()[:4])
-    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + " [...]"
+    text, found, note = text.rpartition(NOTE)
+    if not found:
+        text, note = note, ""
+    lines = text.splitlines()
+    text = "\n".join(lines[:4]) + (CUT if len(lines) > 4 else "")
+    return shortened(f"{text}{NOTE}{note}" if found else text, MESSAGE_CHARS)
 
 
 def hidden_test_lines(source: dict) -> set[str]:
@@ -216,7 +227,9 @@ def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict,
         elif kind == "code":
             cells.append({"cell_type": "code", "metadata": metadata, "execution_count": execution_count(cell),
                           "source": cut(source_text(cell), sources),
-                          "outputs": capped(safe_outputs(cell.get("outputs")), budget)})
+                          "outputs": capped(safe_outputs(cell.get("outputs")), budget) + (
+                              [{"output_type": "stream", "name": "stdout", "text": SUMMARY_NOTE}]
+                              if gid == "summary" else [])})
     return {"cells": cells, "metadata": {k: release["metadata"][k] for k in ("kernelspec", "language_info")
                                          if k in release.get("metadata", {})},
             "nbformat": 4, "nbformat_minor": 5}

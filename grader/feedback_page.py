@@ -12,6 +12,8 @@ formula this cannot read is left as its TeX source, still readable.
 import re
 import textwrap
 
+from grader.report import NOTE
+
 SYMBOLS = {
     "approx": "≈", "times": "×", "cdot": "·", "ast": "∗", "pm": "±", "infty": "∞", "dots": "…",
     "ldots": "…", "cdots": "⋯", "le": "≤", "leq": "≤", "ge": "≥", "geq": "≥", "ne": "≠", "neq": "≠",
@@ -159,6 +161,8 @@ def escape_markup(text: str) -> str:
 def verdict(visible_passed: bool | None, hidden_passed: bool, message: str, points: float, width: int = 88) -> str:
     """The grader's line under a part's test cell, in plain words, wrapped (no sideways scrolling)."""
     hidden = "the hidden tests failed (the same checks on other inputs, and on bad inputs)"
+    if NOTE in message:  # a name the test cells set: graded, even a visible check may fail (grader/advice.py)
+        hidden = "graded, the tests failed (the visible checks too, or the hidden ones: other inputs, bad inputs)"
     if hidden_passed and visible_passed is False:
         # The notebook stopped at a line that raised, above; grading runs the lines after it
         # (issue 48, third walkthrough: a page said "passed too" under the visible tests' NameError).

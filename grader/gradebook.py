@@ -30,6 +30,7 @@ from pathlib import Path
 from grader.course import ENV, nbgrader, nbgrader_command
 from grader.feedback import feedback_notebook, safe_message
 from grader.notebooks import grade_id, submission_files, uploaded_as, write_private
+from grader.report import shortened
 
 STUDENT_ID_CHARS = 128  # nbgrader's student.id, varchar(128): PostgreSQL refuses more, SQLite would not
 
@@ -208,7 +209,7 @@ def record(gradebook, course, assignment, student, result, points, release, repo
         report.notes[student] = note
     scores = {t: (p if verdicts.get(t, {}).get("passed") is True else 0.0) for t, p in points.items()}
     report.scores[student] = scores
-    report.messages[student] = {t: str(v.get("message"))[:2000] for t, v in verdicts.items() if not v.get("passed")}
+    report.messages[student] = {t: shortened(v.get("message"), 2000) for t, v in verdicts.items() if not v.get("passed")}
     if fingerprint is None:
         fingerprint = submission_fingerprint(course, student, assignment)
     folder = course / "autograded" / student / assignment

@@ -176,9 +176,9 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
         random_state = rng_state()  # as the set-up cell left it
         forbid_threads(guard_fd)
         for cell_id, source in part["cells"]:
-            error = run_cell(source, f"<your cell {cell_id}>", answers)
+            error = run_cell(source, f"<{whose(cell_id)}>", answers)
             if error:
-                stopped.append(f"your cell {cell_id} raised {error}")
+                stopped.append((cell_id, f"{whose(cell_id)} raised {error}"))
         tests.update({name: answers[name] for name in part["names"] if name in answers})
         set_rng_state(random_state)  # the tests draw the same numbers whatever the answers drew
         grading._observations = observations
@@ -188,7 +188,7 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
         said, raised = describe(error), grading.raised_in  # the call own_work made, if it raised this
         if type(raised) is tuple and len(raised) == 2 and raised[0] is error and type(raised[1]) is str:
             said = f"{raised[1][:300]} raised {said}"  # plain data only: no method of the student's runs here
-        record = {"observations": observations, "stopped": "; then ".join(stopped + [said])}
+        record = {"observations": observations, "stopped": failure(said, stopped, part["test_id"])}
     try:
         text = json.dumps(record)
     except (TypeError, ValueError, RecursionError):
@@ -197,6 +197,28 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
     while data:
         data = data[os.write(record_fd, data):]
     os._exit(0)
+
+
+def whose(cell_id: str) -> str:
+    """A cell of the job as the student knows it: the notebook's own example cells (grader/notebooks.py,
+    `p3_example (code cell 9)`) are not theirs (student walkthrough 48f, C: "your cell p3_example")."""
+    notebooks = cell_id.split("_", 1)[-1].startswith("example (")
+    return f"the notebook's cell {cell_id}" if notebooks else f"your cell {cell_id}"
+
+
+OTHER_PART_CHARS = 160  # the most of another part's cell's error kept in a message
+
+
+def failure(said: str, stopped: list, test_id: str) -> str:
+    """What stopped the part's tests (`said`) first, then the cells that raised before it: this
+    part's own, then, shortened, other parts' (whose errors their own parts report in full). A
+    message is cut where it is shown: the part's own failure comes first so that it is not what is
+    lost (student walkthrough 48f, C: two other parts' errors came first, and the page cut the rest)."""
+    part = test_id.split("_")[0]
+    mine = [text for cell_id, text in stopped if cell_id.split("_")[0] == part]
+    others = [text if len(text) <= OTHER_PART_CHARS else text[:OTHER_PART_CHARS] + " [...]"
+              for cell_id, text in stopped if cell_id.split("_")[0] != part]
+    return "; before it, ".join([said, "; ".join(mine + others)]) if stopped else said
 
 
 def forbid_threads(guard_fd: int) -> None:

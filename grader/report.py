@@ -6,6 +6,7 @@ prints data the grader collected.
     print_report(report, messages=True)        # report: grader.schedule.Report
     printable(text) -> text                    # student-controlled text made safe for a terminal
     one_line(text) -> text                     # and on one line
+    shortened(message, limit) -> text          # a failure message cut, "[...]" where, the grader's note kept
     plural(count, "file") -> "1 file", "2 files"
 
 Every line printed goes through `printable`: a student chooses their messages, file names and
@@ -13,6 +14,27 @@ answers, and a terminal obeys the control characters in them (move the cursor, e
 above, set the title, write the clipboard, hide what follows).
 """
 import unicodedata
+
+# A failure message is the runner's text (what the tests or the student's code raised: grader/hidden_tests.py)
+# and, after NOTE, the grader's own note (grader/advice.py). Each place that shows one cuts it (the
+# feedback page, this report, `python -m grader results`, each at its length): the note says why the
+# part failed and what to do, so the runner's text is cut and the note kept (student walkthrough 48f,
+# B: the page cut "set it in a cell of your own" away, and the report cut it with no mark).
+NOTE = "\nGrader's note: "   # where the grader's note starts in a failure message
+CUT = " [...]"                # where a message was cut
+NOTE_CHARS = 1000             # the most of a note kept whole (a student's own text could pose as one)
+MESSAGE_CHARS = 300           # a failure message in the report, note aside
+
+
+def shortened(message, limit: int) -> str:
+    """`message` with the runner's text cut to `limit` characters (CUT where it was cut) and the
+    grader's note, if any (the text after the last NOTE), kept whole up to NOTE_CHARS."""
+    text, found, note = str(message).rpartition(NOTE)
+    if not found:
+        text, note = note, ""
+    text = text if len(text) <= limit else text[:limit] + CUT
+    note = note if len(note) <= NOTE_CHARS else note[:NOTE_CHARS] + CUT
+    return f"{text}{NOTE}{note}" if found else text
 
 
 def printable(text) -> str:
@@ -54,7 +76,7 @@ def print_report(report, messages: bool = True) -> None:
         print(one_line(f"  note on {student}: {note}"))
     for student, failed in sorted(report.messages.items()) if messages else ():
         for test, message in failed.items():
-            print(printable(f"  {student} {test} failed: {' '.join(str(message).split())[:300]}"))
+            print(printable(f"  {student} {test} failed: {' '.join(shortened(message, MESSAGE_CHARS).split())}"))
     for student, parts in sorted(report.flags.items()):
         for part, why in parts.items():
             print(one_line(f"  READ {student} {part}: its answer {', '.join(why)}"))

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, Text, create_engine, delete, inspect, select
 
-from grader.report import one_line, plural, print_report, print_table
+from grader.report import one_line, plural, print_report, print_table, shortened
 
 METADATA = MetaData()
 NOTES = Table("mpcourse_report", METADATA,
@@ -32,7 +32,7 @@ NOTES = Table("mpcourse_report", METADATA,
               Column("kind", String(16), nullable=False),  # not graded, note, failed
               Column("part", String(128), nullable=False, default=""),
               Column("text", Text, nullable=False))
-TEXT_CHARS = 2000  # the most characters of one line kept (the grading run keeps as many of a message)
+TEXT_CHARS = 2000  # the most characters of one line kept (the grading run keeps as many of a message), the grader's note aside
 
 
 def create_table(url: str) -> None:
@@ -58,7 +58,8 @@ def lines_of(report, student: str) -> list[dict]:
         rows.append({"kind": "note", "part": "", "text": report.notes[student]})
     for part, message in report.messages.get(student, {}).items():
         rows.append({"kind": "failed", "part": part, "text": message})
-    return [{**row, "part": storable(row["part"])[:128], "text": storable(row["text"])[:TEXT_CHARS]} for row in rows]
+    return [{**row, "part": storable(row["part"])[:128], "text": shortened(storable(row["text"]), TEXT_CHARS)}
+            for row in rows]
 
 
 def storable(text) -> str:

@@ -29,7 +29,6 @@ of their own, as before.
 """
 import hashlib
 import os
-import re
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader import judge
+from grader.advice import with_test_cell_names
 from grader import sandbox as sandboxing
 from grader.feedback import hidden_test_lines, seeds_of
 from grader.gradebook import (create_graded_table, db_url, graded_records, graded_students, handed_in_again,
@@ -303,7 +303,8 @@ def grade_student(course, assignment, student, template, source, release, secret
         for part, why in record_flags(jobs[1][1], records["student"]).items():
             flags[part] = sorted({*flags.get(part, []), *why})
         try:
-            return with_test_cell_names(judge.judge(records["reference"], records["student"]), source), ran, None, note, flags
+            verdicts = judge.judge(records["reference"], records["student"])
+            return with_test_cell_names(verdicts, release, jobs[1][1]), ran, None, note, flags
         except judge.ReferenceProblem as error:
             return None, ran, f"the instructor's reference solution fails its own tests: {error}", note, flags
 
@@ -313,27 +314,6 @@ def grade_student(course, assignment, student, template, source, release, secret
 # stands (the students' page says so); the instructor is asked to look.
 TIMED_OUT_WITH_ADDED = ("ran past its time with cells the student added ({}): a try-out a GPU runs in seconds "
                         "may take minutes here: read them")
-
-
-UNDEFINED = re.compile(r"NameError: name '([A-Za-z_][A-Za-z0-9_]*)' is not defined")
-TEST_CELL_NAME = (" ({name} is set by a test cell: graded, the test cells run apart from your code, "
-                  "which does not see their names; set it in a cell of your own)")
-
-
-def with_test_cell_names(verdicts: dict, source: dict) -> dict:
-    """The verdicts, where a part failed because the answer read a name only a test cell sets
-    (`OVERFLOW_FROM`, Part 1's test cell): said so in its message. In the notebook it worked; graded,
-    the tests run in a namespace of their own (walkthrough 4, D1: the message blamed other inputs)."""
-    cells = [c for c in source["cells"] if c.get("cell_type") == "code"]
-    by_tests = set().union(*[defined_names(source_text(c)) for c in cells if "_tests" in (grade_id(c) or "")])
-    elsewhere = set().union(*[defined_names(source_text(c)) for c in cells if "_tests" not in (grade_id(c) or "")])
-    out = {}
-    for test_id, verdict in verdicts.items():
-        found = UNDEFINED.search(str(verdict.get("message") or ""))
-        if not verdict.get("passed") and found and found[1] in by_tests - elsewhere:
-            verdict = {**verdict, "message": f"{verdict['message']}{TEST_CELL_NAME.format(name=found[1])}"}
-        out[test_id] = verdict
-    return out
 
 
 def record_flags(job: dict, records: dict) -> dict[str, list[str]]:

@@ -53,3 +53,23 @@ def test_answers_right_only_on_the_visible_inputs_pass_them_and_lose_exactly_the
     assert all(v["passed"] for v in visible.values()), visible
     hidden, _ = run(EX5, answers)
     assert {p for p, v in hidden.items() if not v["passed"]} == {f"{p}_tests" for p in parts}, hidden
+
+
+def test_part_4_may_call_part_3s_functions_as_its_task_says_and_a_bug_there_costs_it_too():
+    """Student walkthrough 48f, D: the task said "do not call Part 3's functions (each part is graded
+    on its own)", and an answer that called them got full marks: the grader runs the earlier parts'
+    cells an answer uses (the students' page). The task now says so."""
+    task = next(notebooks.source_text(c) for c in notebooks.read_notebook(ROOT / "exercises" / EX5 / f"{EX5}.ipynb")["cells"]
+                if "Write `roofline_split(" in notebooks.source_text(c))
+    assert "do not call Part 3" not in task and "may call Part 3's `ridge_point` and `bound_by`" in task
+    assert "a mistake there costs this part as well" in " ".join(task.split())
+    solution = fabricate.solution_cells(EX5)
+    line = "        if flops / nbytes < peak / bandwidth:"
+    assert line in solution["p4_solution"]
+    calling = solution["p4_solution"].replace(
+        line, '        if bound_by(flops, nbytes, ridge_point(peak_tflops, bandwidth_gbs)) == "memory":')
+    assert run(EX5, {"p4_solution": calling}, only="p4")[0]["p4_tests"]["passed"]
+    broken = solution["p3_solution"].replace('return "memory" if flops / nbytes < ridge else "compute"',
+                                             'return "memory" if flops / nbytes <= ridge / 2 else "compute"')
+    verdicts, _ = run(EX5, {"p3_solution": broken, "p4_solution": calling}, only=None)
+    assert not verdicts["p3_tests"]["passed"] and not verdicts["p4_tests"]["passed"]

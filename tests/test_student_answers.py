@@ -433,9 +433,63 @@ def test_an_answer_that_reads_a_name_a_test_cell_sets_is_told_so():
     setters = [notebooks.grade_id(c) for c in source["cells"] if "OVERFLOW_FROM" in runs.defined_names(notebooks.source_text(c))]
     assert setters and all("_tests" in (g or "") for g in setters), setters
     answer = fabricate.solution_cells(name)["p2_solution"] + wrapped("min_loss_scale", "assert OVERFLOW_FROM > 0")
-    verdicts = schedule.with_test_cell_names(hidden_verdicts(name, with_cells(name, {"p2_solution": answer}, [])), source)
+    verdicts = noted(name, with_cells(name, {"p2_solution": answer}, []))
     assert not verdicts["p2_tests"]["passed"] and verdicts["p1_tests"]["passed"]
-    assert schedule.TEST_CELL_NAME.format(name="OVERFLOW_FROM") in verdicts["p2_tests"]["message"], verdicts["p2_tests"]
+    message = verdicts["p2_tests"]["message"]
+    assert "Grader's note: your code reads OVERFLOW_FROM, which the test cells of Parts 1 and 2 set" in message, message
+    assert "OVERFLOW_FROM was not defined. Set it in a cell of your own" in message, message
+
+
+def noted(assignment: str, submission: dict) -> dict:
+    """The verdicts of `submission` under the hidden tests, with the grader's notes (grader/advice.py)."""
+    from grader import advice
+    source = notebooks.read_notebook(ROOT / "solutions" / assignment / f"{assignment}.ipynb")
+    release = notebooks.read_notebook(ROOT / "exercises" / assignment / f"{assignment}.ipynb")
+    job = runs.hidden_test_job(source, submission, SECRET, 120)
+    verdicts = judge.judge(reference_record(assignment, False), runner(job, library(assignment)))
+    return advice.with_test_cell_names(verdicts, release, job)
+
+
+# Student walkthrough 48f, A: sgd_step unscales by the global S, not scaler.scale. Graded, the test
+# cells' S is not there; the notebook's example cell `S = min_loss_scale(g)` (8192) is: 0 of 2.
+GLOBAL_S = ("inv_scale = 1.0 / scaler.scale", "inv_scale = 1.0 / S  # the S of the task")
+
+
+def test_an_answer_that_reads_a_test_cells_name_set_by_an_example_cell_too_is_told_where_it_came_from():
+    """Student walkthrough 48f, A: the value came silently from the notebook's example cell, and the
+    message named a check that passed in the notebook. The note names S, the test cells that set
+    it, the cell it came from when graded, and what to do."""
+    name = "ex2_loss_scaling"
+    solution = fabricate.solution_cells(name)["p4_solution"]
+    assert GLOBAL_S[0] in solution
+    verdicts = noted(name, with_cells(name, {"p4_solution": solution.replace(*GLOBAL_S)}, []))
+    assert [t for t, v in verdicts.items() if not v["passed"]] == ["p4_tests"], verdicts
+    message = verdicts["p4_tests"]["message"]
+    assert "Grader's note: your code reads S, which Part 2's test cell sets: graded, the test cells run apart from " \
+           "your code, and S came from the notebook's cell p3_example (code cell 8), not from a test cell. Set it in " \
+           "a cell of your own, or use your function's arguments instead" in message, message
+    assert "Grader's note" not in noted(name, with_cells(name, {}, []))["p4_tests"]["message"]  # passed: no note
+
+
+def test_the_note_names_the_failing_parts_own_name_and_the_part_fails_first():
+    """Student walkthrough 48f, C: Part 2 reads FP16 (a test cell's), Part 4 the global S. Part 4's
+    message began with two other cells' errors (the page cut the rest), called the notebook's
+    example cell "your cell", and its hint named FP16, not S."""
+    name = "ex2_loss_scaling"
+    solution = fabricate.solution_cells(name)
+    p2 = solution["p2_solution"].replace("torch.finfo(torch.float16).tiny", "FP16.tiny") + \
+        "\n\nprint(min_loss_scale(torch.tensor([1e-6, 1e-8])))  # a try-out\n"
+    assert p2.count("FP16.tiny") == 1
+    verdicts = noted(name, with_cells(name, {"p2_solution": p2, "p4_solution": solution["p4_solution"].replace(*GLOBAL_S)}, []))
+    message = verdicts["p4_tests"]["message"]
+    assert message.startswith("sgd_step(") and "raised NameError: name 'S' is not defined; before it, " in message, message
+    assert "the notebook's cell p3_example (code cell 8) raised" in message and "your cell p3_example" not in message
+    note = message.split("Grader's note: ", 1)[1]
+    assert note.startswith("your code reads S, which Part 2's test cell sets") and "FP16" not in note, note
+    assert "S was not defined (the notebook's cell p3_example (code cell 8) sets it, but did not get to" in note
+    assert "FP16, which the test cells of Parts 1 and 2 set" in verdicts["p2_tests"]["message"]
+    shown = feedback.safe_message(message, secrets=[SECRET], hidden_lines=set())
+    assert "name 'S' is not defined" in shown and shown.endswith(note), shown  # the page keeps both
 
 
 def test_a_part_that_ran_past_its_time_with_cells_the_student_added_is_flagged_for_review():
@@ -666,8 +720,8 @@ def test_a_try_out_line_that_fails_outside_the_notebook_does_not_cost_a_later_pa
     # When the tests fail, the message says where the answer cell stopped
     verdict = run_job(SETUP, [["p1_solution", "print(run)\n"], ["p2_solution", mine]], test, ["save", "load"])
     assert not verdict["passed"]
-    assert verdict["message"].startswith("your cell p1_solution raised NameError: name 'run' is not defined")
-    assert "name 'save' is not defined" in verdict["message"]
+    assert verdict["message"].startswith("NameError: name 'save' is not defined; before it, your cell p1_solution "
+                                         "raised NameError: name 'run' is not defined"), verdict
     # Red team 45c, A03d: a try-out line at the TOP of a cell leaves the functions below it defined
     verdict = run_job(SETUP, [["p1_solution", "print(run)\n" + earlier], ["p2_solution", mine]], test, ["save", "load"])
     assert verdict["passed"], verdict
