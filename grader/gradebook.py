@@ -274,6 +274,8 @@ def submission_fingerprint(course: Path, student: str, assignment: str) -> str |
     None if it cannot be read: grading it again is decided by it, not by the gradebook alone."""
     import hashlib
     folder = course / "submitted" / student / assignment
+    if not folder.is_dir():  # moved out of the course: no submission to compare
+        return None
     digest = hashlib.sha256()
     try:
         for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
@@ -316,8 +318,8 @@ def handed_in_again(course: Path, assignment: str, students: list[str], records:
     kept its old 0 and its old feedback page, exported to Canvas). `records`: graded_records."""
     changed = []
     for student in students:
-        before = graded_from(records, student)
-        if before is not None and before != submission_fingerprint(course, student, assignment):
+        before, now = graded_from(records, student), submission_fingerprint(course, student, assignment)
+        if before is not None and now is not None and before != now:
             changed.append(student)
     return changed
 
@@ -415,9 +417,9 @@ def not_current(course: Path, assignment: str, url: str | None = None) -> dict[s
 HALF_WRITTEN = "a part has no grade written (a grading run stopped half-way through this student)"
 
 
-def refuse_not_current(course: Path, assignment: str, url: str | None, doing: str) -> None:
-    """ValueError naming the students whose grade is `not_current`, before `doing` hands it back."""
-    stale = not_current(course, assignment, url)
+def refuse_not_current(course: Path, assignment: str, url: str | None, doing: str, students) -> None:
+    """ValueError naming those of `students` whose grade is `not_current`, before `doing` hands it back."""
+    stale = {s: why for s, why in not_current(course, assignment, url).items() if s in students}
     if stale:
         listed = "; ".join(f"{s}: {why}" for s, why in sorted(stale.items())[:5])
         more = f"; and {len(stale) - 5} more" if len(stale) > 5 else ""

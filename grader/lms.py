@@ -91,7 +91,7 @@ def export_grades(course: Path, assignment: str, lms: str, to: Path, url: str | 
     downloaded/<assignment>/lms.json: a re-export after a regrade that forgot it made Canvas create a
     new column; instructor walkthrough 47b, K4); default the assignment's name."""
     students = collected(course, assignment, lms)
-    refuse_not_current(course, assignment, url, "exported")
+    refuse_not_current(course, assignment, url, "exported", students)
     known_path = course / "downloaded" / assignment / LMS_FILE
     known = json.loads(known_path.read_text(encoding="utf-8")) if known_path.is_file() else {}
     if column and lms == "canvas" and known and known.get("column") != column:
@@ -140,7 +140,7 @@ def pack_feedback(course: Path, assignment: str, lms: str, out: Path, url: str |
     """Each collected student's feedback page in OUT/<assignment>-feedback-<lms>.zip, named for
     `lms`'s bulk feedback upload. Names the students collected who have no page."""
     students = collected(course, assignment, lms)
-    refuse_not_current(course, assignment, url, "packed")
+    refuse_not_current(course, assignment, url, "packed", students)
     one_per_user(students, students, lms, assignment)
     out.mkdir(parents=True, exist_ok=True)
     archive, packed, missing = out / f"{assignment}-feedback-{lms}.zip", 0, []
