@@ -710,6 +710,7 @@ def test_a_name_that_reads_as_a_formula_is_exported_inert(tmp_path, monkeypatch,
     monkeypatch.setattr(lmses, "scores", lambda course, assignment, url: {"mallory": {"p1": 1.0}, "bob": {"p1": 2.0}})
     monkeypatch.setattr(lmses, "db_url", lambda course, url: None)
     monkeypatch.setattr(lmses, "maximum", lambda course, assignment: 10.0)
+    monkeypatch.setattr(lmses, "refuse_not_current", lambda *args: None)  # no gradebook here
     lmses.export_grades(tmp_path, ASSIGNMENT, lms, tmp_path / "grades.csv")
     names = {row[0] if lms == "canvas" else row[1] for row in csv.reader((tmp_path / "grades.csv").open())}
     assert "'=SUM(1+41)" in names and "Bob Ray" in names and "=SUM(1+41)" not in names
