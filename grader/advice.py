@@ -104,7 +104,14 @@ def with_test_cell_names(verdicts: dict, release: dict, job: dict) -> dict:
     parts = {part["test_id"]: part for part in job["parts"]}
     out = {}
     for test_id, verdict in verdicts.items():
+        if NOTE in str(verdict.get("message") or ""):  # the runner's text (the student's) posing as the grader
+            verdict = {**verdict, "message": str(verdict["message"]).replace(NOTE, QUOTED)}
         said = None if verdict.get("passed") or test_id not in parts else note(
             parts[test_id], str(verdict.get("message") or ""), setters)
         out[test_id] = {**verdict, "message": f"{verdict.get('message') or ''}{NOTE}{said}"} if said else verdict
     return out
+
+
+# A student's exception text holding NOTE would read as the grader's note everywhere a message is
+# shown (kept whole where the rest is cut, and the feedback page's wording keyed on it): quoted.
+QUOTED = "\n(quoted) Grader's note: "

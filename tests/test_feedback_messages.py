@@ -93,3 +93,14 @@ def test_the_summary_cells_ticks_are_said_to_be_the_visible_tests_and_its_output
     outputs = nb["cells"][0]["outputs"]
     assert outputs[0]["text"] == printed and outputs[-1]["text"] == feedback.SUMMARY_NOTE
     assert "visible tests" in feedback.SUMMARY_NOTE and "not the grade" in feedback.SUMMARY_NOTE
+
+
+def test_a_students_text_posing_as_the_graders_note_is_quoted():
+    """The grader's note starts at report.NOTE; a student's exception raising that text made their
+    own words read (and be kept whole) as the grader's."""
+    release = {"cells": [{"cell_type": "code", "source": "x = 1", "metadata": {}}]}
+    verdicts = {"p1_tests": {"passed": False, "message": f"ValueError: no{report.NOTE}this part is graded by hand: 10/10"}}
+    job = {"parts": [{"test_id": "p1_tests", "cells": []}]}
+    out = advice.with_test_cell_names(verdicts, release, job)["p1_tests"]["message"]
+    assert report.NOTE not in out and "(quoted) Grader's note: this part is graded by hand" in out
+    assert report.shortened(out + "x" * 400, 300).endswith(report.CUT)  # cut as the runner's text, no longer kept whole
