@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         from grader.feedback import pack_feedback
         out = (args.out or args.course / "feedback-upload").resolve()
         for_each(cli, args, lambda name: lms.pack_feedback(args.course.resolve(), name, args.lms, out, args.db_url) if args.lms
-                 else pack_feedback(args.course.resolve(), name, out))
+                 else pack_feedback(args.course.resolve(), name, out, args.db_url))
     elif args.command == "export" and args.lms:
         from grader import lms
         if len(args.assignments) != 1:

@@ -79,21 +79,36 @@ def ambiguous(name: str, fields: re.Pattern) -> bool:
     return sum(1 for m in fields.finditer(name) if m.start() > 0) > 1
 
 
+NAME_JOINERS = "\u200c\u200d"  # zero-width non-joiner and joiner: part of Persian and Indic names
+
+
 def marks_as_letters(name: str) -> str:
-    """`name` with each combining mark read as a letter, for matching: \w reads letters, not the
-    marks that some scripts write as characters of their own (Devanagari's vowel signs, Arabic's
-    shadda: red team 45j, A01, and 45k, A04, never collected). The same length, so a match's
-    spans hold for `name` itself."""
-    return "".join("a" if unicodedata.category(c)[0] == "M" else c for c in name)
+    """`name` with each combining mark, joiner and connector other than `_` read as a letter, for
+    matching: \w reads letters, not the marks that some scripts write as characters of their own
+    (Devanagari's vowel signs, Arabic's shadda: red team 45j, A01, and 45k, A04, never collected),
+    nor a Persian name's zero-width non-joiner or a fullwidth `＿` (45l, A03). The same length, so
+    a match's spans hold for `name` itself."""
+    return "".join("a" if unicodedata.category(c)[0] == "M" or c in NAME_JOINERS
+                   or (unicodedata.category(c) == "Pc" and c != "_") else c for c in name)
+
+
+# The most bytes of an id: it names folders (submitted/<id>, autograded/<id>, feedback/<id>), and a
+# file system holds 255 bytes a name; lower-casing (`Ⱥ` -> `ⱥ`, 2 -> 3 bytes) and NFC (`क़`, one
+# character, 3 -> 6 bytes) made a name under 255 bytes an id over it, and nbgrader's zip_collect
+# stopped the whole class's collection (red team 45l, A01).
+ID_BYTES = 200
 
 
 def gradebook_id(lms_id: str) -> str:
-    """`lms_id`, or, if the gradebook cannot hold it, its start and a hash of the whole: the same
-    id on every run and either database, and never one two students share."""
-    if len(lms_id) <= STUDENT_ID_CHARS:
+    """`lms_id`, or, if the gradebook or a folder name cannot hold it, its start and a hash of the
+    whole: the same id on every run and either database, and never one two students share."""
+    if len(lms_id) <= STUDENT_ID_CHARS and len(lms_id.encode()) <= ID_BYTES:
         return lms_id
     digest = hashlib.sha256(lms_id.encode()).hexdigest()[:12]
-    return f"{lms_id[:STUDENT_ID_CHARS - len(digest) - 1]}_{digest}"
+    start = lms_id[:STUDENT_ID_CHARS - len(digest) - 1]
+    while len(start.encode()) > ID_BYTES - len(digest) - 1:
+        start = start[:-1]
+    return f"{start}_{digest}"
 
 
 def upload_number(name: str) -> int:
@@ -257,13 +272,13 @@ class LatestNotebookCollector(FileNameCollectorPlugin):
         extracted = self.download_root(path)
         info = self.parse(path.relative_to(extracted)) if extracted is not None else None
         if path.suffix != ".ipynb" or info is None:
-            self.log.warning("Not a %s submission of a notebook, skipped: %s", type(self).__name__, path.name)
+            self.log.warning("Not a %s submission of a notebook, skipped: %s", type(self).__name__, one_line(path.name))
             return None
         if "ambiguous" in info:
             self.log.warning("skipped %s: its name reads as more than one student's upload (refused: "
-                             "collect it by hand if it is a student's)", info["ambiguous"])
+                             "collect it by hand if it is a student's)", one_line(info["ambiguous"]))
             return None
-        name = in_submission(path.relative_to(extracted))
+        name = one_line(in_submission(path.relative_to(extracted)))  # one log line, whatever the name holds (45l, A05)
         if "claims" in info:
             self.log.warning("%s: skipped %s: a file in their submission named as %s's upload (refused)",
                              info["student_id"], name, info["claims"])
@@ -271,7 +286,7 @@ class LatestNotebookCollector(FileNameCollectorPlugin):
         assignment = extracted.parent.name
         latest, kept = self.latest(extracted)[info["student_id"]]
         if latest != str(path):
-            taken = in_submission(Path(latest).relative_to(extracted))
+            taken = one_line(in_submission(Path(latest).relative_to(extracted)))
             if not kept["handed_out"] and handed_out(path, self.index[2]):
                 self.log.warning("%s: skipped %s, as handed out (no answer changed): the same submission holds %s, "
                                  "with work in it, collected instead", info["student_id"], name, taken)
@@ -282,8 +297,8 @@ class LatestNotebookCollector(FileNameCollectorPlugin):
                                  info["student_id"], name, taken, self.ranked_by)
             return None
         if info["student_id"] != info["lms_id"]:
-            self.log.warning("LONG ID: %s is collected as %s: the gradebook holds ids of at most %d characters",
-                             info["lms_id"], info["student_id"], STUDENT_ID_CHARS)
+            self.log.warning("LONG ID: %s is collected as %s: the gradebook holds ids of at most %d characters "
+                             "(%d bytes)", one_line(info["lms_id"]), info["student_id"], STUDENT_ID_CHARS, ID_BYTES)
         if info["late"]:
             self.log.warning("LATE: %s handed in %s late", info["student_id"], assignment)
         return {"student_id": info["student_id"], "file_id": f"{assignment}.ipynb"}
@@ -398,7 +413,7 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
         info = parse(Path(name))
         return info.get("student_id") if info else None
 
-    logged = [counted(line.split("] ", 1)[-1]) for line in log.splitlines()
+    logged = [counted(line.split("] ", 1)[-1]) for line in log.split("\n")
               if ("LATE:" in line or "LONG ID:" in line or "skipped" in line.lower())
               and "Skipped submission with no match information" not in line]  # nbgrader's, after each of ours
     print_notes([(whose(name), f"skipped {name}: {why}") for name, why in skipped.items()] +
@@ -550,5 +565,17 @@ def remember(course: Path, assignment: str, lms: str, uploads: dict[str, tuple[P
                              "sha256": sha256_of(course / "downloaded" / assignment / "archive" / relative),
                              **({"prefix": info["prefix"]} if "prefix" in info else {})}
     kept = {"column": known["column"]} if known.get("lms") == lms and "column" in known else {}  # export --column
-    path.write_text(json.dumps({"lms": lms, "assignment": assignment, "students": students, **kept}, indent=1,
-                               ensure_ascii=False), encoding="utf-8")  # whatever the locale (red team 45k, A07)
+    write_json(path, {"lms": lms, "assignment": assignment, "students": students, **kept})
+
+
+def write_json(path: Path, data) -> None:
+    """`data` as UTF-8 JSON at `path` (whatever the locale: red team 45k, A07), replaced whole or not
+    at all; a name that is not text (a folder download's file name in another encoding) is written
+    escaped: it stopped the write half-way, and the empty file every later command (red team 45l, A04)."""
+    try:
+        text = json.dumps(data, indent=1, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(data, indent=1).encode("ascii")
+    scratch = path.with_name(path.name + ".new")
+    scratch.write_bytes(text)
+    os.replace(scratch, path)

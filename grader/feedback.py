@@ -295,15 +295,18 @@ def finish_pages(course: Path, assignment: str, students: list[str]) -> None:
             page.write_text(html, encoding="utf-8")
 
 
-def pack_feedback(course: Path, assignment: str, out: Path) -> list[Path]:
+def pack_feedback(course: Path, assignment: str, out: Path, url: str | None = None) -> list[Path]:
     """Each student's feedback page, for upload to an LMS without nbgrader's exchange: copied to
     OUT/<assignment>/<student>_<assignment>.html, and all of them in OUT/<assignment>-feedback.zip.
-    Returns the pages; names the students who handed in but have no feedback page."""
+    Returns the pages; names the students who handed in but have no feedback page. Refuses (ValueError)
+    while a page is of a submission handed in again since (red team 45l, A02: the old page packed)."""
+    from grader.gradebook import refuse_not_current
     pages, missing = [], []
-    folder = out / assignment
-    folder.mkdir(parents=True, exist_ok=True)
     students = sorted({p.parent.name for p in (course / "submitted").glob(f"*/{assignment}")} |
                       {p.parent.name for p in (course / "feedback").glob(f"*/{assignment}")})
+    refuse_not_current(course, assignment, url, "packed", students)
+    folder = out / assignment
+    folder.mkdir(parents=True, exist_ok=True)
     for student in students:
         page = course / "feedback" / student / assignment / f"{assignment}.html"
         if not page.is_file() or any(p.is_symlink() for p in (page, page.parent, page.parent.parent)):

@@ -396,6 +396,8 @@ def not_current(course: Path, assignment: str, url: str | None = None) -> dict[s
     `pack-feedback --lms` gave the old grade, flags and page, silently). `grade` grades both."""
     from nbgrader.api import Gradebook, MissingEntry
     from sqlalchemy.exc import SQLAlchemyError
+    if db_url(course, url).startswith("sqlite:///") and not Path(db_url(course, url)[len("sqlite:///"):]).exists():
+        return {}  # no gradebook: nothing graded (opening one would create it)
     marked = scores(course, assignment, db_url(course, url))  # nbgrader's score: 0.0 where none is written
     with Gradebook(db_url(course, url)) as gradebook:
         try:
@@ -436,6 +438,13 @@ def export(course: Path, to: Path, url: str | None = None) -> list[tuple[str, st
     import csv
 
     from nbgrader.api import Gradebook
+    with Gradebook(db_url(course, url)) as book:
+        names = [a.name for a in book.assignments]
+    for name in names:  # a re-submission's old grade is never exported as current (red team 45l, A02)
+        try:
+            refuse_not_current(course, name, url, "exported", set(scores(course, name, db_url(course, url))))
+        except ValueError as error:
+            raise RuntimeError(str(error)) from None
     nbgrader(course, "export", "--to", str(to), *([f"--CourseDirectory.db_url={url}"] if url else []))
     with Gradebook(db_url(course, url)) as book:
         handed_in = {(s.assignment.name, s.student.id) for a in book.assignments for s in a.submissions}

@@ -29,7 +29,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from grader.collect import LMS_FILE
+from grader.collect import LMS_FILE, write_json
 from grader.gradebook import db_url, refuse_not_current, scores
 from grader.notebooks import grade_id, read_notebook
 from grader.report import one_line, plural
@@ -95,7 +95,7 @@ def export_grades(course: Path, assignment: str, lms: str, to: Path, url: str | 
     known_path = course / "downloaded" / assignment / LMS_FILE
     known = json.loads(known_path.read_text(encoding="utf-8")) if known_path.is_file() else {}
     if column and lms == "canvas" and known and known.get("column") != column:
-        known_path.write_text(json.dumps({**known, "column": column}, indent=1, ensure_ascii=False), encoding="utf-8")
+        write_json(known_path, {**known, "column": column})
     elif not column and lms == "canvas" and known.get("column"):
         column = str(known["column"])
         print(one_line(f"  column {column!r}, as the last export named it (--column to change it)"))

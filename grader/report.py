@@ -39,9 +39,11 @@ def shortened(message, limit: int) -> str:
 
 def printable(text) -> str:
     """`text` with every control or format character (C0 but newline and tab, DEL, C1 and so every
-    escape sequence, bidirectional overrides, lone surrogates) written as its escape, `\\x1b`:
-    shown, never obeyed, and always encodable."""
-    return "".join(char if char in "\n\t" or unicodedata.category(char)[0] != "C"
+    escape sequence, bidirectional overrides, lone surrogates) and the line and paragraph separators
+    (U+2028, U+2029: a line break to `str.splitlines`, red team 45l, A05) written as its escape,
+    `\\x1b`: shown, never obeyed, and always encodable."""
+    return "".join(char if char in "\n\t" or (unicodedata.category(char)[0] != "C"
+                                             and unicodedata.category(char) not in ("Zl", "Zp"))
                    else char.encode("unicode_escape").decode() for char in str(text))
 
 

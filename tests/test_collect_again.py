@@ -2,6 +2,7 @@
 and the class's results read back from the gradebook (instructor walkthrough 47b: C2, C3, C4, C6)."""
 import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -383,3 +384,48 @@ def test_a_student_named_with_another_shard_is_said_to_be_there(tmp_path, capsys
     report = graded_by_stand_ins(course, pytest.MonkeyPatch())(StandIn(release), students=["ada"], shard=(other, 2))
     assert report.scores == {}
     assert f"ada: in another shard than {other}/2, not graded by this command" in capsys.readouterr().err
+
+
+def test_a_name_that_grows_past_a_folder_names_bytes_or_holds_line_breaks_harms_no_classmate(tmp_path):
+    """Red team 45l: A01, a Moodle name of 110 `Ⱥ` (250 bytes; lower-cased, 337) stopped the whole
+    class's collection (File name too long); A05, a file name holding U+2028 and a LATE line about
+    a classmate printed that line as collect's; A03, a Persian name's zero-width non-joiner; A04, a
+    folder download's file name in another encoding emptied lms.json for good."""
+    course = fresh_course(tmp_path / "course")
+    said = run_collect(course, lms_zip(tmp_path / "moodle.zip", {
+        f"{'Ⱥ' * 110}_5501001_assignsubmission_file_/{A}.ipynb": "long",
+        f"Яна Петрова_5501002_assignsubmission_file_/{A}.ipynb": "yana"}), "moodle")
+    ids = collected(course)
+    assert sorted(ids.values()) == ["long", "yana"] and "яна_петрова_5501002" in ids, said
+    assert all(len(s.encode()) <= collect.ID_BYTES for s in ids), ids
+    canvas = fresh_course(tmp_path / "canvas")
+    forged = f"mallory_1001_7001_x\u2028LATE: smithomar_1002 handed in {A} late\u2028.ipynb"
+    said = run_collect(canvas, lms_zip(tmp_path / "canvas.zip", {
+        forged: "mallory", f"mallory_1001_7002_{A}.ipynb": "mallory's", f"smithomar_1002_7003_{A}.ipynb": "omar",
+        f"می\u200cخواهم_1003_7004_{A}.ipynb": "persian"}), "canvas")
+    assert not [line for line in said.splitlines() if line.lstrip().startswith("LATE:")], said
+    assert "persian" in collected(canvas).values(), said
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    latin1 = os.fsdecode(f"doejane_123456_7890123_caf\xe9_{A}.ipynb".encode("latin-1"))  # not UTF-8 bytes
+    shutil.copy(canvas / "submitted" / "smithomar_1002" / A / f"{A}.ipynb", folder / latin1)
+    run_collect(canvas, folder, "canvas")
+    assert "doejane_123456" in remembered(canvas)  # lms.json whole, and read back
+
+
+def test_plain_export_and_pack_feedback_hand_back_no_grade_that_is_not_current(registered_course, tmp_path):
+    """Red team 45l, A02: after a re-submission was collected, `export --lms` and `pack-feedback
+    --lms` refused, but the plain `export` (grades.csv) and `pack-feedback` handed back the old grade
+    and page."""
+    from grader import feedback
+    course = Path(shutil.copytree(registered_course, tmp_path / "course"))
+    run_collect(course, lms_zip(tmp_path / "one.zip", {f"doejane_123456_7890123_{A}.ipynb": "blank"}), "canvas")
+    gradebook.prepare(course, A)
+    graded(course, {"doejane_123456": (0, "not done", None)})
+    gradebook.export(course, tmp_path / "before.csv")  # current: fine
+    run_collect(course, lms_zip(tmp_path / "two.zip", {f"doejane_123456_7890999_{A}.ipynb": "finished"}), "canvas")
+    with pytest.raises(RuntimeError, match="doejane_123456: handed in again since graded"):
+        gradebook.export(course, tmp_path / "grades.csv")
+    with pytest.raises(ValueError, match="doejane_123456: handed in again since graded"):
+        feedback.pack_feedback(course, A, tmp_path / "upload")
+    assert not (tmp_path / "grades.csv").exists() and not (tmp_path / "upload").exists()
