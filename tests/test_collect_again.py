@@ -373,7 +373,7 @@ def test_canvas_names_with_marks_anonymous_names_and_zips_without_the_utf8_flag_
     assert "ANONYMOUS" in said and collected(anonymous) == {}
 
 
-def test_a_student_named_with_another_shard_is_said_to_be_there(tmp_path, capsys):
+def test_a_student_named_with_another_shard_is_said_to_be_there(tmp_path, capsys, monkeypatch):
     """Red team 45k, A05: the guide's regrade command (`--student ID --regrade`) with `--shard K/N`
     graded no one, saying only "0 students graded"."""
     from tests.test_large_class import ASSIGNMENT as LA, StandIn, course_of, graded_by_stand_ins
@@ -381,7 +381,7 @@ def test_a_student_named_with_another_shard_is_said_to_be_there(tmp_path, capsys
     release = notebooks.read_notebook(course / "exercises" / LA / f"{LA}.ipynb")
     other = next(k for k in (1, 2) if not schedule.in_shard("ada", (k, 2)))
     capsys.readouterr()
-    report = graded_by_stand_ins(course, pytest.MonkeyPatch())(StandIn(release), students=["ada"], shard=(other, 2))
+    report = graded_by_stand_ins(course, monkeypatch)(StandIn(release), students=["ada"], shard=(other, 2))
     assert report.scores == {}
     assert f"ada: in another shard than {other}/2, not graded by this command" in capsys.readouterr().err
 

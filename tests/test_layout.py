@@ -146,3 +146,24 @@ def test_import_mpcourse_imports_no_module_until_it_is_used():
             "else:\n    raise AssertionError('no AttributeError')\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def unscoped_monkeypatches(source: str) -> list[int]:
+    """Lines of `source` that make a `pytest.MonkeyPatch()` outside a `with` statement: its patches
+    are never undone, and outlive the test in its worker."""
+    tree = ast.parse(source)
+    scoped = {id(item.context_expr) for node in ast.walk(tree) if isinstance(node, ast.With) for item in node.items}
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "MonkeyPatch"
+            and id(node) not in scoped]
+
+
+def test_no_test_leaves_a_patch_behind_for_the_tests_after_it():
+    """A `pytest.MonkeyPatch()` made in a test and never undone replaced schedule.grade_student with
+    a stand-in for every later test of its worker: a grading test then failed in one run of the suite
+    and passed in the next, by which tests shared its worker."""
+    assert unscoped_monkeypatches("import pytest\nwith pytest.MonkeyPatch() as m:\n    pass\n") == []
+    assert unscoped_monkeypatches("import pytest\nm = pytest.MonkeyPatch()\n") == [2]
+    found = {path.name: lines for path in sorted((ROOT / "tests").glob("*.py"))
+             if (lines := unscoped_monkeypatches(path.read_text()))}
+    assert found == {}, f"use the monkeypatch fixture or `with pytest.MonkeyPatch() as m:` ({found})"
