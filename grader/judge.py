@@ -24,8 +24,8 @@ own checks, or records nothing for a part, is the instructor's problem: `Referen
 """
 import numpy as np
 
-from mpcourse.grading import closeness_problem, own_work_problem, raises_problem
-from mpcourse.records import difference, numbers_of, same_data, shown_data
+from mpcourse.records import (closeness_problem, difference, numbers_of, own_work_problem, raises_problem, same_data,
+                              shown_data)
 
 KINDS = ("close", "equal", "reference", "raises", "own_work")
 

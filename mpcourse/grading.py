@@ -49,8 +49,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mpcourse.records import (OBSERVED_VALUES, RECORD_BYTES, RECORD_VALUES, data, difference,  # noqa: F401
-                              numbers_of, record_problem, same_data, shown_data)
+from mpcourse.records import (OBSERVED_VALUES, RECORD_BYTES, RECORD_VALUES, closeness_problem, data,  # noqa: F401
+                              difference, numbers_of, own_work_problem, raises_problem, record_problem,
+                              same_data, shown_data)
+from mpcourse import records as _records
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _THIS_FILE = Path(__file__).resolve()
@@ -128,6 +130,8 @@ def _check_untampered() -> None:
     for name, original in _OWN_FUNCTIONS.items():
         if getattr(module, name, None) is not original:
             replaced.append(f"mpcourse.grading.{name}")
+    if _records._differ is not _RECORDS_DIFFER:  # closeness_problem's helper, in mpcourse.records
+        replaced.append("mpcourse.records._differ")
     if replaced:
         raise TamperingError(
             "The tests cannot trust this notebook: these functions were replaced: "
@@ -291,18 +295,6 @@ def own_work(function, *args, **kwargs):
     return result
 
 
-def own_work_problem(name: str, calls: list[str]) -> str | None:
-    """Why `name`'s calls break the part's rules (or None): a torch function the part forbids, or
-    the course library's reference."""
-    if not calls:
-        return None
-    names = ", ".join(calls[:5])
-    if any(call.startswith("torch") for call in calls):
-        return f"{name} calls {names}, which this part asks you not to use."
-    return (f"{name} calls the course library ({names}). "
-            "This part asks you to implement it yourself from NumPy/torch operations.")
-
-
 def _shown(value, width: int = 60) -> str:
     """A short, faithful rendering of an argument or a result in a message: torch.float32 as
     `torch.float32`, a string with its quotes, a large tensor by its shape and dtype."""
@@ -349,26 +341,6 @@ def raises(expected, function, *args, **kwargs) -> None:
         raise AssertionError(problem)
 
 
-def raises_problem(call: str, wanted: list[str], raised: list[str] | None, did: str) -> str | None:
-    """Why a call that should raise one of `wanted` failed the check (or None): `raised` is the
-    class names of what it raised (its MRO), None if it returned; `did` says what it did."""
-    if raised is not None and set(wanted) & set(raised):
-        return None
-    expected = " or ".join(wanted)
-    if raised is None:
-        return f"{call} {did}; expected it to raise {expected} for this bad input"
-    return f"{call} {did}; expected {expected} for this bad input"
-
-
-def _differ(expected: float, actual: float) -> tuple[str, str]:
-    """Both numbers with enough digits to tell them apart (6, or all 17 when 6 look the same)."""
-    for digits in (6, 17):
-        shown = f"{expected:.{digits}g}", f"{actual:.{digits}g}"
-        if shown[0] != shown[1]:
-            break
-    return shown
-
-
 def _as_array(value, what: str):
     """A number, array or tensor as a float64 NumPy array; a message (str) for anything else."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -378,28 +350,6 @@ def _as_array(value, what: str):
     if not isinstance(value, (np.ndarray, np.floating, np.integer)):
         return f"{what} should be a number, array or tensor, got {type(value).__name__}"
     return np.asarray(value, dtype=np.float64)
-
-
-def closeness_problem(actual, expected, rtol: float, atol: float, what: str) -> str | None:
-    """Why float64 arrays `actual` and `expected` are not equal within `atol + rtol*|expected|`
-    (same NaN and infinity pattern), or None: the type, shape, NaN/inf pattern or largest difference."""
-    if isinstance(actual, str):
-        return actual
-    if actual.shape != expected.shape:
-        return f"{what} has shape {actual.shape}, expected {expected.shape}"
-    if not np.array_equal(np.isnan(actual), np.isnan(expected)):
-        return f"{what} has NaN where the expected value does not (or vice versa)"
-    finite = np.isfinite(expected)
-    if not np.array_equal(actual[~finite & ~np.isnan(expected)], expected[~finite & ~np.isnan(expected)]):
-        return f"{what} has a different pattern of infinities than expected"
-    difference = np.abs(actual[finite] - expected[finite])
-    allowed = atol + rtol * np.abs(expected[finite])
-    if difference.size and not np.all(difference <= allowed):
-        worst = int(np.argmax(difference - allowed))
-        shown_expected, shown_actual = _differ(expected[finite][worst], actual[finite][worst])
-        return (f"{what} differs from the expected value by up to {difference[worst]:.3g} "
-                f"(expected {shown_expected}, got {shown_actual}; allowed {allowed[worst]:.3g})")
-    return None
 
 
 def assert_close(actual, expected, *, rtol: float = 1e-6, atol: float = 0.0, what: str = "result"):
@@ -443,4 +393,5 @@ def matches_reference(actual, *, what: str = "result", rtol: float = 0.0, atol: 
 # This module's own functions, as defined: a test cell also fails if one of them was replaced.
 _OWN_FUNCTIONS = {name: globals()[name] for name in
                   ["start", "passed", "summary", "own_work", "assert_close", "assert_equal", "matches_reference", "raises", "call_text", "_shown",
-                   "_differ", "_check_untampered", "_is_genuine", "_is_original", "_check_exact_types", "_watch_calls_into", "seed"]}
+                   "closeness_problem", "raises_problem", "own_work_problem", "_check_untampered", "_is_genuine", "_is_original", "_check_exact_types", "_watch_calls_into", "seed"]}
+_RECORDS_DIFFER = _records._differ

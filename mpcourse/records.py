@@ -5,14 +5,18 @@ and what grader/judge.py, which never runs student code, reads and compares.
     data(value) -> JSON data that says what `value` is (numbers exactly, as float64 bits)
     same_data(expected, got), difference(expected, got), shown_data(record), numbers_of(record)
     record_problem(text) -> why the grader does not read a part's record, or None
+    closeness_problem, raises_problem, own_work_problem -> why a check failed (the same message in a
+        notebook, where mpcourse.grading raises it, and in the judge's verdict), or None
 
-A record is plain JSON: reading one runs no code.
+A record is plain JSON: reading one runs no code. This module imports no torch (a tensor is
+recorded where torch is already imported): the grader's own process, which reads and compares
+records, starts without torch's seconds of import.
 """
 import base64
 import math
+import sys
 
 import numpy as np
-import torch
 
 
 OBSERVED_VALUES = 2_000_000    # numbers a part may record in all (the rest: recorded as too large)
@@ -45,14 +49,16 @@ def data(value, depth: int = 0):
         return {"int": str(int(value))}
     if isinstance(value, (float, np.floating)):
         return {"float": float(value).hex()}
-    if isinstance(value, torch.dtype):
-        return {"dtype": str(value)}
-    if isinstance(value, torch.device):
-        return {"device": value.type}
-    if isinstance(value, torch.Tensor):
-        tensor = value.detach()
-        values = tensor.cpu().to(torch.float64) if not tensor.is_complex() else tensor.cpu().abs().double()
-        return {"tensor": str(tensor.dtype), "device": tensor.device.type, **_numbers(values.numpy())}
+    torch = sys.modules.get("torch")  # a value is torch's only where torch is imported (never in the
+    if torch is not None:             # grader's own process, which only reads records)
+        if isinstance(value, torch.dtype):
+            return {"dtype": str(value)}
+        if isinstance(value, torch.device):
+            return {"device": value.type}
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach()
+            values = tensor.cpu().to(torch.float64) if not tensor.is_complex() else tensor.cpu().abs().double()
+            return {"tensor": str(tensor.dtype), "device": tensor.device.type, **_numbers(values.numpy())}
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biuf":
             return {"other": f"array of {value.dtype}"}
@@ -191,4 +197,60 @@ def record_problem(text: bytes) -> str | None:
         return f"wrote a record larger than the grader reads ({RECORD_BYTES // 2**20} MB)"
     if sum(text.count(mark) for mark in (b"[", b"{", b",", b":")) > RECORD_VALUES:
         return f"wrote a record of more values than the grader reads ({RECORD_VALUES:,})"
+    return None
+
+
+# --- why a check failed: the notebook's message (mpcourse/grading.py) and the judge's (grader/judge.py) ---
+
+def own_work_problem(name: str, calls: list[str]) -> str | None:
+    """Why `name`'s calls break the part's rules (or None): a torch function the part forbids, or
+    the course library's reference."""
+    if not calls:
+        return None
+    names = ", ".join(calls[:5])
+    if any(call.startswith("torch") for call in calls):
+        return f"{name} calls {names}, which this part asks you not to use."
+    return (f"{name} calls the course library ({names}). "
+            "This part asks you to implement it yourself from NumPy/torch operations.")
+
+
+def raises_problem(call: str, wanted: list[str], raised: list[str] | None, did: str) -> str | None:
+    """Why a call that should raise one of `wanted` failed the check (or None): `raised` is the
+    class names of what it raised (its MRO), None if it returned; `did` says what it did."""
+    if raised is not None and set(wanted) & set(raised):
+        return None
+    expected = " or ".join(wanted)
+    if raised is None:
+        return f"{call} {did}; expected it to raise {expected} for this bad input"
+    return f"{call} {did}; expected {expected} for this bad input"
+
+
+def _differ(expected: float, actual: float) -> tuple[str, str]:
+    """Both numbers with enough digits to tell them apart (6, or all 17 when 6 look the same)."""
+    for digits in (6, 17):
+        shown = f"{expected:.{digits}g}", f"{actual:.{digits}g}"
+        if shown[0] != shown[1]:
+            break
+    return shown
+
+
+def closeness_problem(actual, expected, rtol: float, atol: float, what: str) -> str | None:
+    """Why float64 arrays `actual` and `expected` are not equal within `atol + rtol*|expected|`
+    (same NaN and infinity pattern), or None: the type, shape, NaN/inf pattern or largest difference."""
+    if isinstance(actual, str):
+        return actual
+    if actual.shape != expected.shape:
+        return f"{what} has shape {actual.shape}, expected {expected.shape}"
+    if not np.array_equal(np.isnan(actual), np.isnan(expected)):
+        return f"{what} has NaN where the expected value does not (or vice versa)"
+    finite = np.isfinite(expected)
+    if not np.array_equal(actual[~finite & ~np.isnan(expected)], expected[~finite & ~np.isnan(expected)]):
+        return f"{what} has a different pattern of infinities than expected"
+    difference = np.abs(actual[finite] - expected[finite])
+    allowed = atol + rtol * np.abs(expected[finite])
+    if difference.size and not np.all(difference <= allowed):
+        worst = int(np.argmax(difference - allowed))
+        shown_expected, shown_actual = _differ(expected[finite][worst], actual[finite][worst])
+        return (f"{what} differs from the expected value by up to {difference[worst]:.3g} "
+                f"(expected {shown_expected}, got {shown_actual}; allowed {allowed[worst]:.3g})")
     return None

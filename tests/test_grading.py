@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpcourse import grading
+from mpcourse import grading, records
 from mpcourse.numerics import stable_softmax
 
 
@@ -73,6 +73,8 @@ def test_start_and_passed_accept_an_untouched_session(capsys):
     (grading, "assert_close", lambda *a, **k: None),
     (grading, "own_work", lambda f, *a, **k: f(*a, **k)),
     (grading, "raises", lambda *a, **k: None),
+    (grading, "closeness_problem", lambda *a, **k: None),  # the messages live in mpcourse.records (issue 52)
+    (records, "_differ", lambda expected, actual: ("1", "1")),
 ])
 def test_start_refuses_a_session_where_a_function_the_tests_use_was_replaced(monkeypatch, owner, name, fake):
     monkeypatch.setattr(owner, name, fake)

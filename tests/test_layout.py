@@ -148,6 +148,18 @@ def test_import_mpcourse_imports_no_module_until_it_is_used():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def test_the_graders_own_process_never_imports_torch():
+    """Only the sandboxes run torch: the grader's own side reads records as data (mpcourse.records)
+    and never imports it. Its import cost 2-3 s of CPU in every `python -m grader` command
+    (collect, results, export, ...), and the test suite starts dozens of them (issue 52)."""
+    trusted = [f"grader.{path.stem}" for path in sorted((ROOT / "grader").glob("*.py"))
+               if path.stem not in ("__init__", "hidden_tests")]  # hidden_tests: the sandbox's runner
+    code = (f"import importlib, sys\nfor name in {trusted!r}:\n    importlib.import_module(name)\n"
+            "    assert 'torch' not in sys.modules, name + ' imports torch'\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def unscoped_monkeypatches(source: str) -> list[int]:
     """Lines of `source` that make a `pytest.MonkeyPatch()` outside a `with` statement: its patches
     are never undone, and outlive the test in its worker."""
