@@ -157,10 +157,19 @@ class SecretError(RuntimeError):
 
 
 def tracked(course: Path, path: Path) -> bool:
-    """Whether git tracks `path` in `course` (False outside a git repository)."""
+    """Whether git tracks `path` in `course` (False outside a git repository). SecretError where git
+    cannot say: a repository it refuses to read (root in another user's clone, after `su -`: "dubious
+    ownership") once read as untracked, and its committed secret was used (fresh review 37g)."""
     result = subprocess.run(["git", "ls-files", "--error-unmatch", str(path)], cwd=course,
                             capture_output=True, text=True)
-    return result.returncode == 0
+    if result.returncode in (0, 1):  # tracked; not tracked ("did not match any file known to git")
+        return result.returncode == 0
+    folder = course.resolve()
+    if not any((p / ".git").exists() for p in (folder, *folder.parents)):
+        return False  # not in a git repository
+    said = (result.stderr.strip().splitlines() or ["no message"])[-1]
+    raise SecretError(f"git cannot tell whether {path} is tracked ({said}): run the grader as the clone's owner "
+                      f"(or under sudo), or give the secret in ${SECRET_VARIABLE}")
 
 
 def instructor_secret(course: Path) -> str:

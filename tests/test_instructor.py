@@ -100,6 +100,28 @@ def test_a_secret_in_a_tracked_file_is_refused(tmp_path, monkeypatch):
         gradebook.instructor_secret(course)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="git's ownership check refuses only root here")
+def test_a_secret_in_a_clone_git_will_not_read_is_refused_not_read_as_untracked(tmp_path, monkeypatch):
+    """Fresh review 37g: root in another user's clone (after `su -`, no SUDO_UID) gets git's
+    "dubious ownership" refusal; it was read as "not tracked", and the committed secret was used."""
+    monkeypatch.delenv(gradebook.SECRET_VARIABLE, raising=False)
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    course = fresh_course(tmp_path / "course")
+    (course / ".grading-secret").write_text("pushed-one-day")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=course, check=True)
+    subprocess.run([*git, "add", "-f", ".grading-secret"], cwd=course, check=True)
+    subprocess.run(["chown", "-R", "65534:65534", str(course)], check=True)  # another user's clone
+    monkeypatch.setenv("HOME", str(tmp_path))  # no safe.directory of this machine's root applies
+    refused = subprocess.run(["git", "ls-files"], cwd=course, capture_output=True, text=True)
+    assert refused.returncode == 128 and "dubious ownership" in refused.stderr, refused.stderr
+    with pytest.raises(gradebook.SecretError, match="git cannot tell"):
+        gradebook.instructor_secret(course)
+    outside = fresh_course(tmp_path / "not-a-clone")  # no repository at all: no question to ask git
+    (outside / ".grading-secret").write_text("mine")
+    assert gradebook.instructor_secret(outside) == "mine"
+
+
 @needs_sandbox
 def test_a_python_that_cannot_import_the_course_inside_the_sandbox_is_refused_before_grading(tmp_path, monkeypatch):
     assert runs.environment_problem(sandbox=True) is None
