@@ -156,26 +156,51 @@ class SecretError(RuntimeError):
     pass
 
 
-def tracked(course: Path, path: Path) -> bool:
-    """Whether git tracks `path` in `course` (False outside a git repository). SecretError where git
-    cannot say: a repository it refuses to read (root in another user's clone, after `su -`: "dubious
-    ownership") once read as untracked, and its committed secret was used (fresh review 37g)."""
-    result = subprocess.run(["git", "ls-files", "--error-unmatch", str(path)], cwd=course,
-                            capture_output=True, text=True)
-    if result.returncode in (0, 1):  # tracked; not tracked ("did not match any file known to git")
-        return result.returncode == 0
+SECRET_CHARS = 32  # the least a secret holds: a short one is guessed from one student's derived secret (red team 14, s29)
+
+
+def git(course: Path, *args: str) -> subprocess.CompletedProcess:
+    """git in `course`, without the caller's GIT_DIR, GIT_INDEX_FILE, ... (they would point it at
+    another repository or index than the course's: red team 14, s09/s10)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    return subprocess.run(["git", *args], cwd=course, capture_output=True, text=True, env=clean)
+
+
+def in_repository(course: Path) -> bool:
     folder = course.resolve()
-    if not any((p / ".git").exists() for p in (folder, *folder.parents)):
-        return False  # not in a git repository
-    said = (result.stderr.strip().splitlines() or ["no message"])[-1]
-    raise SecretError(f"git cannot tell whether {path} is tracked ({said}): run the grader as the clone's owner "
-                      f"(or under sudo), or give the secret in ${SECRET_VARIABLE}")
+    return any((p / ".git").exists() for p in (folder, *folder.parents))
+
+
+def git_problem(course: Path, path: Path, secret: str) -> str | None:
+    """Why `secret`, read from `path` in `course`, may be in git (tracked, or in any commit of any
+    branch: a `git rm --cached` leaves it in the history a push sends, red team 14, s03/s04), or
+    why git cannot say; None outside a git repository or when git holds it nowhere."""
+    if not in_repository(course):
+        return None
+    try:
+        index = git(course, "ls-files", "--error-unmatch", str(path))
+    except FileNotFoundError:
+        return "git is not installed here, so the grader cannot tell whether git holds it"
+    if index.returncode == 0:
+        return (f"it is tracked by git, so the secret would be pushed with it: run `git rm --cached {SECRET_FILE}` "
+                "there, then make a new secret (the old one may be public)")
+    if index.returncode != 1:  # e.g. root in another user's clone after `su -`: "dubious ownership" (review 37g)
+        said = (index.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"git cannot tell whether it is tracked ({said})"
+    commits = git(course, "log", "--all", "--format=%H", "--", str(path)).stdout.split()
+    for commit in commits[:200]:
+        shown = git(course, "show", f"{commit}:./{path.name}")
+        if shown.returncode == 0 and shown.stdout.strip() == secret:
+            return (f"this secret is in git's history (commit {commit[:10]}), which a push sends: make a new "
+                    "secret (and keep it out of git)")
+    return None
 
 
 def instructor_secret(course: Path) -> str:
-    """The secret the hidden tests' inputs are drawn from: $MPCOURSE_GRADING_SECRET, else the
-    untracked file .grading-secret in the course directory, never a file git tracks (a clone of a
-    public repository pushes it back one day). Neither: the public placeholder, with a warning."""
+    """The secret the hidden tests' inputs are drawn from: $MPCOURSE_GRADING_SECRET, else the file
+    .grading-secret in the course directory: a plain file only its owner reads, that git holds
+    nowhere (a clone of a public repository pushes it back one day), of at least SECRET_CHARS
+    characters. Neither: the public placeholder, with a warning. SecretError says what to change."""
     from traitlets.config.loader import PyFileConfigLoader
     config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
     if not str(config.HiddenTests.get("secret", PLACEHOLDER_SECRET)).startswith(PLACEHOLDER_SECRET):
@@ -184,15 +209,30 @@ def instructor_secret(course: Path) -> str:
                           "(git-ignored), and set the line back to the placeholder.")
     secret = os.environ.get(SECRET_VARIABLE, "").strip()
     path = course / SECRET_FILE
-    if not secret and path.exists():
-        if tracked(course, path):
-            raise SecretError(f"{path} is tracked by git, so the secret would be pushed with it: "
-                              f"run `git rm --cached {SECRET_FILE}` there, then make a new secret (the old one may be public).")
+    make = f"(umask 077; python -c \"import secrets; print(secrets.token_hex(32))\" > {SECRET_FILE})"
+    if not secret and (path.exists() or path.is_symlink()):
+        if path.is_symlink() or not path.is_file():
+            raise SecretError(f"{path} is {'a link' if path.is_symlink() else 'not a file'}: the grader reads the secret "
+                              f"only from a plain file of its own (a link may lead to a tracked or public file). Make one: {make}")
+        info = path.stat()
+        if info.st_nlink > 1:
+            raise SecretError(f"{path} has {info.st_nlink - 1} other hard link(s), which may be tracked or public: make "
+                              f"a new secret in a file of its own: rm {SECRET_FILE}; {make}")
+        if info.st_mode & 0o077:
+            raise SecretError(f"{path} can be read by other users of this machine (mode {info.st_mode & 0o777:o}): "
+                              f"chmod 600 {SECRET_FILE}, and make a new secret if anyone else may have read it")
         secret = path.read_text().strip()
-    if not secret:
+        problem = git_problem(course, path, secret)
+        if problem:
+            raise SecretError(f"{path}: {problem}. Or give the secret in ${SECRET_VARIABLE}.")
+    if not secret or secret.startswith(PLACEHOLDER_SECRET):
         warnings.warn(f"no grading secret (${SECRET_VARIABLE} or {SECRET_FILE}): using the public placeholder, so anyone "
                       "who reads solutions/ can compute the hidden tests' inputs. Set your own (instructor guide).")
         return PLACEHOLDER_SECRET
+    if len(secret) < SECRET_CHARS:
+        raise SecretError(f"the grading secret has {len(secret)} characters, fewer than {SECRET_CHARS}: a short one can be "
+                          f"guessed from one student's derived secret, and then every student's hidden inputs "
+                          f"computed. Make one: {make}")
     return secret
 
 

@@ -60,10 +60,11 @@ def test_the_secret_comes_from_the_variable_then_the_untracked_file(tmp_path, mo
     monkeypatch.delenv(gradebook.SECRET_VARIABLE, raising=False)
     with pytest.warns(UserWarning, match="placeholder"):
         assert gradebook.instructor_secret(course) == gradebook.PLACEHOLDER_SECRET
-    (course / ".grading-secret").write_text("from-the-file\n")
-    assert gradebook.instructor_secret(course) == "from-the-file"
-    monkeypatch.setenv(gradebook.SECRET_VARIABLE, "from-the-variable")
-    assert gradebook.instructor_secret(course) == "from-the-variable"
+    (course / ".grading-secret").write_text("from-the-file-" + "f" * 32 + "\n")
+    (course / ".grading-secret").chmod(0o600)
+    assert gradebook.instructor_secret(course) == "from-the-file-" + "f" * 32
+    monkeypatch.setenv(gradebook.SECRET_VARIABLE, "from-the-variable-" + "v" * 32)
+    assert gradebook.instructor_secret(course) == "from-the-variable-" + "v" * 32
 
 
 def test_the_command_line_says_a_missing_secret_in_one_line_not_as_a_python_warning(tmp_path, monkeypatch):
@@ -87,7 +88,7 @@ def test_the_command_line_says_a_missing_secret_in_one_line_not_as_a_python_warn
 def test_a_secret_in_a_tracked_file_is_refused(tmp_path, monkeypatch):
     monkeypatch.delenv(gradebook.SECRET_VARIABLE, raising=False)
     course = fresh_course(tmp_path / "course")
-    (course / ".grading-secret").write_text("pushed-one-day")
+    private_secret(course, "pushed-one-day")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], cwd=course, check=True)
     subprocess.run([*git, "add", "-f", ".grading-secret"], cwd=course, check=True)
@@ -107,7 +108,7 @@ def test_a_secret_in_a_clone_git_will_not_read_is_refused_not_read_as_untracked(
     monkeypatch.delenv(gradebook.SECRET_VARIABLE, raising=False)
     monkeypatch.delenv("SUDO_UID", raising=False)
     course = fresh_course(tmp_path / "course")
-    (course / ".grading-secret").write_text("pushed-one-day")
+    private_secret(course, "pushed-one-day")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], cwd=course, check=True)
     subprocess.run([*git, "add", "-f", ".grading-secret"], cwd=course, check=True)
@@ -118,8 +119,70 @@ def test_a_secret_in_a_clone_git_will_not_read_is_refused_not_read_as_untracked(
     with pytest.raises(gradebook.SecretError, match="git cannot tell"):
         gradebook.instructor_secret(course)
     outside = fresh_course(tmp_path / "not-a-clone")  # no repository at all: no question to ask git
-    (outside / ".grading-secret").write_text("mine")
-    assert gradebook.instructor_secret(outside) == "mine"
+    secret = private_secret(outside, "mine")
+    assert gradebook.instructor_secret(outside) == secret
+
+
+def private_secret(course, start: str) -> str:
+    """A secret of SECRET_CHARS characters beginning `start`, in the course's .grading-secret, mode 600."""
+    secret = (start + "-" + "s" * gradebook.SECRET_CHARS)[:max(gradebook.SECRET_CHARS, len(start))]
+    (course / ".grading-secret").write_text(secret + "\n")
+    (course / ".grading-secret").chmod(0o600)
+    return secret
+
+
+def test_a_secret_git_holds_anywhere_a_link_a_readable_file_or_a_short_one_is_refused(tmp_path, monkeypatch):
+    """Red team 14: a secret committed and then `git rm --cached` (as the refusal said to do) or
+    committed on another branch was used, though a push sends it (s03, s04); so was a
+    .grading-secret linking to a tracked or public file (s05, s06, s28), one others can read (s08),
+    a 10-character one (s29: guessed from one student's derived secret in 1,305 tries), a GIT_DIR
+    pointing git at another repository (s09); a folder or no git installed was a traceback."""
+    monkeypatch.delenv(gradebook.SECRET_VARIABLE, raising=False)
+    course = fresh_course(tmp_path / "course")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=course, check=True)
+    secret = private_secret(course, "committed")
+    subprocess.run([*git, "add", "-f", ".grading-secret"], cwd=course, check=True)
+    subprocess.run([*git, "commit", "-qm", "oops"], cwd=course, check=True)
+    subprocess.run([*git, "rm", "-q", "--cached", ".grading-secret"], cwd=course, check=True)
+    with pytest.raises(gradebook.SecretError, match="in git's history"):
+        gradebook.instructor_secret(course)
+    other = tmp_path / "elsewhere"
+    subprocess.run([*git, "init", "-q", str(other)], check=True)
+    monkeypatch.setenv("GIT_DIR", str(other / ".git"))  # git asked about another repository: still refused
+    with pytest.raises(gradebook.SecretError, match="in git's history"):
+        gradebook.instructor_secret(course)
+    monkeypatch.delenv("GIT_DIR")
+    new = private_secret(course, "a-new-one")
+    assert gradebook.instructor_secret(course) == new != secret  # a new secret, never committed: read
+    (course / ".grading-secret").chmod(0o644)
+    with pytest.raises(gradebook.SecretError, match="chmod 600"):
+        gradebook.instructor_secret(course)
+    (course / ".grading-secret").unlink()
+    (course / ".grading-secret").symlink_to(course / "README.md" if (course / "README.md").exists() else course / "nbgrader_config.py")
+    with pytest.raises(gradebook.SecretError, match="is a link"):
+        gradebook.instructor_secret(course)
+    (course / ".grading-secret").unlink()
+    private_secret(course, "linked")
+    os.link(course / ".grading-secret", tmp_path / "copy")
+    with pytest.raises(gradebook.SecretError, match="hard link"):
+        gradebook.instructor_secret(course)
+    (course / ".grading-secret").unlink()
+    (course / ".grading-secret").mkdir()
+    with pytest.raises(gradebook.SecretError, match="not a file"):
+        gradebook.instructor_secret(course)
+    (course / ".grading-secret").rmdir()
+    private_secret(course, "no-git-here")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # git not installed, in a repository: cannot tell
+    with pytest.raises(gradebook.SecretError, match="git is not installed"):
+        gradebook.instructor_secret(course)
+    monkeypatch.undo()
+    monkeypatch.setenv(gradebook.SECRET_VARIABLE, "spring2026")
+    with pytest.raises(gradebook.SecretError, match="10 characters"):
+        gradebook.instructor_secret(course)
+    monkeypatch.setenv(gradebook.SECRET_VARIABLE, gradebook.PLACEHOLDER_SECRET)
+    with pytest.warns(UserWarning, match="placeholder"):
+        assert gradebook.instructor_secret(course) == gradebook.PLACEHOLDER_SECRET
 
 
 @needs_sandbox
@@ -671,7 +734,7 @@ def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
         for login, kind, name in (("doejane_late_123456_7890123", "full", f"{ASSIGNMENT}.ipynb"),
                                   ("smithomar_223344_7890456", "blank", f"Copy of {ASSIGNMENT}.ipynb")):  # Colab's
             archive.write(scratch / "submitted" / kind / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", f"{login}_{name}")
-    env = {**os.environ, gradebook.SECRET_VARIABLE: "a-test-secret", "PYTHONPATH": str(ROOT)}  # `python -m grader` from the course
+    env = {**os.environ, gradebook.SECRET_VARIABLE: "a-test-secret-of-at-least-32-characters", "PYTHONPATH": str(ROOT)}  # `python -m grader` from the course
 
     def step(*args):
         result = subprocess.run([sys.executable, "-m", "grader", *args], cwd=course, env=env,

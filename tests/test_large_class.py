@@ -31,7 +31,7 @@ SHARDS = 2  # machines grading at once (here: processes sharing the course folde
 NO_SANDBOX = runs.sandbox_problem()
 needs_sandbox = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no sandbox here: {NO_SANDBOX}")
 NO_POSTGRES = postgres.problem()
-ENV = {**os.environ, gradebook.SECRET_VARIABLE: "a-test-secret"}
+ENV = {**os.environ, gradebook.SECRET_VARIABLE: "a-test-secret-of-at-least-32-characters"}
 
 
 def points() -> dict:
@@ -216,7 +216,7 @@ def test_a_rerun_lists_the_flagged_answers_of_the_students_it_skips_as_graded(tm
     course = course_of(tmp_path / "course", {s: {} for s in STUDENTS})
     release = notebooks.read_notebook(course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")
     run = graded_by_stand_ins(course, monkeypatch)
-    monkeypatch.setenv(gradebook.SECRET_VARIABLE, "a-test-secret")
+    monkeypatch.setenv(gradebook.SECRET_VARIABLE, "a-test-secret-of-at-least-32-characters")
     flagged = {"p1": ["inspects frames or source"]}
     real_record = schedule.record
 
