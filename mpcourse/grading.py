@@ -78,6 +78,7 @@ _GUARDED = {
 }
 _ORIGINALS = {(owner, name): getattr(owner, name) for owner, names in _GUARDED.items()
               for name in names}
+_MODULES = (np, torch, sys, math)  # as imported, before any student code
 _parts_passed: list[str] = []
 _forbidden: set[str] = set()   # names of torch functions the current part may not call
 _secret = ""                   # set by the hidden-test runner only
@@ -132,6 +133,17 @@ def _check_untampered() -> None:
             replaced.append(f"mpcourse.grading.{name}")
     if _records._differ is not _RECORDS_DIFFER:  # closeness_problem's helper, in mpcourse.records
         replaced.append("mpcourse.records._differ")
+    # The modules the checks compute with, as each module names them (red team 14: a proxy of numpy
+    # put in mpcourse.records passed an assert_close off by 130; sys.modules["torch"], what
+    # mpcourse.records records tensors with, replaced likewise).
+    np_, torch_, sys_, math_ = _MODULES
+    for owner, name, original in ((module, "np", np_), (module, "torch", torch_), (module, "sys", sys_),
+                                  (_records, "np", np_), (_records, "sys", sys_), (_records, "math", math_)):
+        if getattr(owner, name, None) is not original:
+            replaced.append(f"{owner.__name__}.{name}")
+    for name, original in (("torch", torch_), ("numpy", np_)):
+        if sys_.modules.get(name) is not original:
+            replaced.append(f"sys.modules[{name!r}]")
     if replaced:
         raise TamperingError(
             "The tests cannot trust this notebook: these functions were replaced: "

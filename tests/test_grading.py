@@ -1,5 +1,6 @@
 """mpcourse.grading, the checker inside every exercise: it must fail what it claims to catch."""
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -75,9 +76,13 @@ def test_start_and_passed_accept_an_untouched_session(capsys):
     (grading, "raises", lambda *a, **k: None),
     (grading, "closeness_problem", lambda *a, **k: None),  # the messages live in mpcourse.records (issue 52)
     (records, "_differ", lambda expected, actual: ("1", "1")),
+    (records, "np", types.SimpleNamespace()),  # red team 14, T3: a numpy proxy in mpcourse.records
+    (records, "sys", types.SimpleNamespace(modules={})),  # T1
+    (grading, "np", types.SimpleNamespace()),  # T4
+    (sys.modules, "torch", types.SimpleNamespace()),  # T2: what records tensors with
 ])
 def test_start_refuses_a_session_where_a_function_the_tests_use_was_replaced(monkeypatch, owner, name, fake):
-    monkeypatch.setattr(owner, name, fake)
+    (monkeypatch.setitem if isinstance(owner, dict) else monkeypatch.setattr)(owner, name, fake)
     with pytest.raises(grading.TamperingError, match=name):
         grading.start("Part 1")
 
