@@ -187,6 +187,9 @@ def git_problem(course: Path, path: Path, secret: str) -> str | None:
     if index.returncode != 1:  # e.g. root in another user's clone after `su -`: "dubious ownership" (review 37g)
         said = (index.stderr.strip().splitlines() or ["no message"])[-1]
         return f"git cannot tell whether it is tracked ({said})"
+    if git(course, "check-ignore", "-q", str(path)).returncode == 1:  # red team 14, s16: one `git add -A` away
+        return (f"git does not ignore it, so one `git add -A` would commit it: add `/{SECRET_FILE}` to the "
+                "repository's .gitignore")
     commits = git(course, "log", "--all", "--format=%H", "--", str(path)).stdout.split()
     for commit in commits[:200]:
         shown = git(course, "show", f"{commit}:./{path.name}")

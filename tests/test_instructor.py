@@ -136,7 +136,8 @@ def test_a_secret_git_holds_anywhere_a_link_a_readable_file_or_a_short_one_is_re
     committed on another branch was used, though a push sends it (s03, s04); so was a
     .grading-secret linking to a tracked or public file (s05, s06, s28), one others can read (s08),
     a 10-character one (s29: guessed from one student's derived secret in 1,305 tries), a GIT_DIR
-    pointing git at another repository (s09); a folder or no git installed was a traceback."""
+    pointing git at another repository (s09), one git does not ignore (s16: one `git add -A` from
+    committed); a folder or no git installed was a traceback."""
     monkeypatch.delenv(gradebook.SECRET_VARIABLE, raising=False)
     course = fresh_course(tmp_path / "course")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
@@ -145,6 +146,9 @@ def test_a_secret_git_holds_anywhere_a_link_a_readable_file_or_a_short_one_is_re
     subprocess.run([*git, "add", "-f", ".grading-secret"], cwd=course, check=True)
     subprocess.run([*git, "commit", "-qm", "oops"], cwd=course, check=True)
     subprocess.run([*git, "rm", "-q", "--cached", ".grading-secret"], cwd=course, check=True)
+    with pytest.raises(gradebook.SecretError, match="does not ignore it"):  # s16: one `git add -A` away
+        gradebook.instructor_secret(course)
+    (course / ".gitignore").write_text("/.grading-secret\n")
     with pytest.raises(gradebook.SecretError, match="in git's history"):
         gradebook.instructor_secret(course)
     other = tmp_path / "elsewhere"
