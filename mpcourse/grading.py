@@ -405,5 +405,6 @@ def matches_reference(actual, *, what: str = "result", rtol: float = 0.0, atol: 
 # This module's own functions, as defined: a test cell also fails if one of them was replaced.
 _OWN_FUNCTIONS = {name: globals()[name] for name in
                   ["start", "passed", "summary", "own_work", "assert_close", "assert_equal", "matches_reference", "raises", "call_text", "_shown",
-                   "closeness_problem", "raises_problem", "own_work_problem", "_check_untampered", "_is_genuine", "_is_original", "_check_exact_types", "_watch_calls_into", "seed"]}
+                   "closeness_problem", "raises_problem", "own_work_problem", "data", "same_data", "difference",
+                   "_check_untampered", "_is_genuine", "_is_original", "_check_exact_types", "_watch_calls_into", "seed"]}
 _RECORDS_DIFFER = _records._differ

@@ -80,6 +80,7 @@ def test_start_and_passed_accept_an_untouched_session(capsys):
     (records, "sys", types.SimpleNamespace(modules={})),  # T1
     (grading, "np", types.SimpleNamespace()),  # T4
     (sys.modules, "torch", types.SimpleNamespace()),  # T2: what records tensors with
+    (grading, "same_data", lambda expected, got: True),  # T5: assert_equal's comparison
 ])
 def test_start_refuses_a_session_where_a_function_the_tests_use_was_replaced(monkeypatch, owner, name, fake):
     (monkeypatch.setitem if isinstance(owner, dict) else monkeypatch.setattr)(owner, name, fake)
