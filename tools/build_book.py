@@ -6,7 +6,8 @@ Jupyter Book executes the notebooks one after another, on one core, while it bui
 This executes them first, `--jobs` at a time (default: one per core this process may use), the
 slowest first (as the last build measured them, in _build/notebook-seconds.json; the table of
 contents' order the first time), each exactly as Jupyter Book would: nbclient, in the notebook's
-folder, with _config.yml's timeout, stopping at the first error. Then Jupyter Book builds the HTML
+folder, with _config.yml's timeout, stopping at the first error; each kernel gets its share of
+the cores (OMP_NUM_THREADS and its kin: cores / jobs, unless already set). Then Jupyter Book builds the HTML
 into _build/html from a staged copy of the repository (_build/source: links to every file, the
 executed notebooks in book/, marked `execution_mode: off` for myst-nb), warnings as errors,
 exactly as `jupyter-book build -W -n --keep-going .` does. The book is the same book, computed
@@ -88,6 +89,12 @@ def main() -> int:
     known = json.loads((build / TIMES).read_text()) if (build / TIMES).is_file() else {}
     notebooks = sorted(executed_notebooks(), key=lambda p: -known.get(p.name, 0))  # stable: toc order without times
 
+    # The kernels share the cores: each gets its share of threads (as tests/workers.py gives nbval's).
+    # With torch's default, one thread per core in every kernel, two kernels on two cores waited on
+    # each other: the two notebooks that do not set one thread themselves took 31 s and 19 s, against
+    # 6 s and 7 s with one (2026-11-30).
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(name, str(max(1, cores // max(1, args.jobs))))
     began = time.monotonic()
     executed, seconds, failed = {}, {}, []
     print(f"executing {len(notebooks)} notebooks, {args.jobs} at a time", flush=True)
