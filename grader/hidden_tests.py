@@ -234,12 +234,13 @@ def forbid_threads(guard_fd: int) -> None:
 
 
 def end_the_others() -> None:
-    """Kill every process of this sandbox but this one (its pid namespace holds nothing else of
-    ours; bubblewrap's pid 1 is root's): what a part started in new sessions ends with the part,
-    instead of slowing the next parts down."""
+    """Kill every process of this sandbox but this one and its parent (its pid namespace holds
+    nothing else of ours; bubblewrap's pid 1 is root's; the parent is pid 1, or the batch's first
+    process, `students`): what a part started in new sessions ends with the part, instead of slowing
+    the next parts down."""
     for _ in range(3):
         for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) not in (1, os.getpid()):
+            if entry.isdigit() and int(entry) not in (1, os.getpid(), os.getppid()):
                 try:
                     os.kill(int(entry), signal.SIGKILL)
                 except OSError:
@@ -338,10 +339,17 @@ def batched(job: dict) -> list:
 def main() -> None:
     # Not dumpable: the children cannot open this process's stdout or memory through /proc.
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    job = json.load(sys.stdin)  # over a pipe: no file to read the hidden tests or the seed from
     why = no_threads.problem()
     if why:
         sys.exit(f"grading refused: {why}")
+    if sys.argv[1:] == ["--students"]:
+        students()
+    else:
+        run_job(json.load(sys.stdin))  # over a pipe: no file to read the hidden tests or the seed from
+
+
+def run_job(job: dict) -> None:
+    """Grade `job`'s parts (or each secret's, a batch) and print their records, then RESULT."""
     try:
         if "secrets" in job:  # the reference's batch: each secret's parts as a job of their own (batched)
             results = batched(job)
@@ -359,6 +367,84 @@ def main() -> None:
             written += len(text)
             print(f"RECORD\t{json.dumps([number, test_id])}\t{text}")
     print(f"RESULT {len(results)}", flush=True)
+
+
+# --- many students, one after another, in one sandbox (grader/runs.py, run_students) -----------
+#
+# Importing torch and the rest is most of a student's run (1.7 of 2 s for ex4's four parts): a
+# batch pays it once. The first process reads the batch's first line, {"students": N,
+# "sandboxed": true}, and nothing else: it never holds a student's job, records or code, so that
+# nothing of one student is in the memory the next one's processes start from. For each student
+# in turn it forks a child that reads that student's job itself (a line with its length, then
+# the JSON) and grades it as a run of its own would, each part in a child forked from it; then it
+# kills every other process of the sandbox, empties /tmp (the only place a sandbox writes), and
+# prints END <number> <status>. A student whose child did not end well ends the batch: the grader
+# gives each student from that one on a run of their own. Answer cells start no process and no
+# thread (grader/no_threads.py), and no process here can be traced or read by another (not
+# dumpable: prctl above, inherited by every child).
+
+def read_exactly(count: int) -> bytes:
+    data = bytearray()
+    while len(data) < count:
+        chunk = os.read(0, count - len(data))
+        if not chunk:
+            raise EOFError("the batch ended early")
+        data += chunk
+    return bytes(data)
+
+
+def read_line(limit: int = 200) -> bytes:
+    """One line of stdin, read a byte at a time: nothing after it is read (the next line is the next
+    student's, for their own process to read)."""
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        if len(line) > limit:
+            raise ValueError("a batch's header line is too long")
+        line += read_exactly(1)
+    return bytes(line)
+
+
+def empty_tmp() -> None:
+    """Remove everything under /tmp (a student may leave read-only folders), then make HOME again."""
+    def writable_again(function, path, _):
+        os.chmod(os.path.dirname(path), 0o700)
+        os.chmod(path, 0o700) if os.path.isdir(path) and not os.path.islink(path) else None
+        function(path)
+
+    import shutil
+    for entry in os.scandir("/tmp"):
+        if entry.is_dir(follow_symlinks=False):
+            os.chmod(entry.path, 0o700)
+            shutil.rmtree(entry.path, onerror=writable_again)
+        else:
+            os.unlink(entry.path)
+    if os.listdir("/tmp"):
+        raise RuntimeError("/tmp could not be emptied")
+    os.mkdir("/tmp/home")
+
+
+def students() -> None:
+    header = json.loads(read_line())
+    if header.get("sandboxed") is not True:  # emptying /tmp is for a sandbox's own /tmp only
+        sys.exit("grading refused: a batch of students runs in a sandbox only")
+    for number in range(int(header["students"])):
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                run_job(json.loads(read_exactly(int(read_line()))))
+                sys.stdout.flush()
+                status = 0
+            except BaseException as error:  # noqa: BLE001  SystemExit included: its message, then the status
+                print(error if isinstance(error, SystemExit) else repr(error), file=sys.stderr, flush=True)
+                status = 1
+            os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        end_the_others()
+        empty_tmp()
+        print(f"END {number} {status}", flush=True)
+        if status != 0:
+            return
 
 
 if __name__ == "__main__":

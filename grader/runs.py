@@ -76,7 +76,7 @@ def python_environment(library: bool = True) -> list[Path]:
 
 
 def run_sandboxed(command: list[str], *, folder: Path, limits, sandbox: bool, stdin: bytes = b"",
-                  library: Path | None = None, env: dict | None = None):
+                  library: Path | None = None, env: dict | None = None, stall_seconds: float | None = None):
     """grader/sandbox.py's run, with the Python environment shown and the library importable. The
     sandbox sees what `folder` holds, read-only, as $GRADING (/grading), and writes in $WORK (/tmp).
     `library`: a folder holding the copy of `mpcourse/` to import (grader/withheld.py), shown as
@@ -89,7 +89,7 @@ def run_sandboxed(command: list[str], *, folder: Path, limits, sandbox: bool, st
     return sandboxing.run(command, show=python_environment(library is None), files=files, limits=limits, stdin=stdin,
                           env={"PYTHONPATH": path, "GRADING": "/grading" if sandbox else str(host),
                                "WORK": "/tmp" if sandbox else str(host / "work"), **threads(limits), **(env or {})},
-                          sandbox=sandbox)
+                          sandbox=sandbox, stall_seconds=stall_seconds)
 
 
 def threads(limits) -> dict:
@@ -440,6 +440,42 @@ def run_hidden_tests(folder: Path, job: dict, sandbox: bool, timeout: int,
     if run.returncode != 0 or not run.result[-200:].rstrip().rsplit(b"\n", 1)[-1].startswith(b"RESULT "):
         return None, ("ran out of time" if run.killed else f"failed: {(run.stderr or run.stdout)[-500:]}")
     return read_records(run.result, job)
+
+
+def run_students(folder: Path, jobs: list[dict], timeout: int, library: Path) -> list[dict | None]:
+    """[each job's records ({test_id: record}), or None] from one sandboxed run of
+    grader/hidden_tests.py that grades the students' `jobs` one after another (hidden_tests.py,
+    `students`, says how no student's run reaches the next one's): what a run of each alone gives,
+    without importing torch and the rest once per student. None: that student, and every one after
+    a student whose run did not end well, gets a run of their own (run_hidden_tests). Sandboxed
+    only. The run ends as soon as one student's tests take longer than a run of their own may
+    (hidden_test_limits): no student holds the others up for longer than that."""
+    folder.mkdir()
+    shutil.copy(HIDDEN_TESTS, folder / "hidden_tests.py")
+    shutil.copy(HIDDEN_TESTS.with_name("no_threads.py"), folder / "no_threads.py")
+    each = [hidden_test_limits(len(job["parts"]), timeout) for job in jobs]
+    frames = [json.dumps({**job, "sandboxed": True}).encode() for job in jobs]
+    stdin = json.dumps({"students": len(jobs), "sandboxed": True}).encode() + b"\n" + \
+        b"".join(b"%d\n" % len(frame) + frame for frame in frames)
+    limits = sandboxing.Limits(seconds=sum(limit.seconds for limit in each),
+                               cpu_seconds=sum(limit.cpu_seconds for limit in each))
+    run = run_sandboxed(["/bin/sh", "-c", 'exec env PYTHONHASHSEED=0 python "$GRADING/hidden_tests.py" --students >&3 3>&-'],
+                        folder=folder, limits=limits, sandbox=True, library=library, stdin=stdin,
+                        stall_seconds=max(limit.seconds for limit in each))
+    found: list[dict | None] = [None] * len(jobs)
+    segment = []
+    for line in run.result.split(b"\n"):
+        number = len([f for f in found if f is not None])
+        if line == b"END %d 0" % number:
+            records, problem = read_records(b"\n".join(segment), jobs[number])
+            if problem:
+                break
+            found[number], segment = records, []
+        elif line.startswith(b"END "):
+            break
+        else:
+            segment.append(line)
+    return found
 
 
 def read_records(output: bytes, job: dict) -> tuple[dict | list | None, str | None]:

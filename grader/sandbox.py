@@ -80,7 +80,7 @@ class Outcome:
     result: bytes                     # what the command wrote on fd 3
     stdout: str                       # the last TAIL characters
     stderr: str
-    killed: str = ""                  # which limit ended it ("", "time", "cpu time"), or "stopped" (STOP)
+    killed: str = ""                  # which limit ended it ("", "time", "cpu time", "stalled"), or "stopped" (STOP)
     cpu_seconds: float | None = None  # of the whole tree, where cgroups measure it
     wall_seconds: float = 0.0
     memory_bytes: int | None = None   # the whole tree's peak memory (/tmp included), where cgroups measure it
@@ -283,10 +283,12 @@ def _release(slot: int) -> None:
         FREE_SLOTS.append(slot)
 
 
-def _drain(fd: int, keep: int, tail: bool, into: list) -> None:
-    """Read `fd` to its end, keeping the first (or last) `keep` bytes."""
+def _drain(fd: int, keep: int, tail: bool, into: list, seen: list | None = None) -> None:
+    """Read `fd` to its end, keeping the first (or last) `keep` bytes; `seen`: [when it last read]."""
     data = bytearray()
     while chunk := os.read(fd, 1 << 16):
+        if seen is not None:
+            seen[0] = time.monotonic()
         data += chunk
         if len(data) > keep:
             data = data[-keep:] if tail else data[:keep]
@@ -299,9 +301,11 @@ def _drain(fd: int, keep: int, tail: bool, into: list) -> None:
 
 
 def run(command: list[str], *, show=(), files=None, limits: Limits, stdin: bytes = b"", env=None,
-        sandbox: bool = True) -> Outcome:
+        sandbox: bool = True, stall_seconds: float | None = None) -> Outcome:
     """Run `command` sandboxed, within `limits` (see the module's doc). `sandbox=False`: with the
-    limits only, as the caller's user, seeing everything (`files` are then read where they are)."""
+    limits only, as the caller's user, seeing everything (`files` are then read where they are).
+    `stall_seconds`: also end it (killed "stalled") once the result pipe has been silent that long
+    (a batch that writes as it goes: grader/runs.py, run_students)."""
     slot = _slot()
     cgroups = make_cgroups(limits)
     started = time.monotonic()
@@ -316,7 +320,9 @@ def run(command: list[str], *, show=(), files=None, limits: Limits, stdin: bytes
             stdin=subprocess.PIPE, stdout=pipes["stdout"][1], stderr=pipes["stderr"][1],
             pass_fds=(pipes["result"][1],), start_new_session=True, env=environment, cwd="/")
         readers = {name: [] for name in pipes}
-        threads = [threading.Thread(target=_drain, args=(read, keep, tail, readers[name]), daemon=True)
+        seen = [started]
+        threads = [threading.Thread(target=_drain, args=(read, keep, tail, readers[name],
+                                                         seen if name == "result" else None), daemon=True)
                    for name, (read, _), keep, tail in
                    (("result", pipes["result"], limits.output_bytes, False),
                     ("stdout", pipes["stdout"], TAIL, True), ("stderr", pipes["stderr"], TAIL, True))]
@@ -333,6 +339,8 @@ def run(command: list[str], *, show=(), files=None, limits: Limits, stdin: bytes
                 killed = "time"
             elif used is not None and used > limits.cpu_seconds:
                 killed = "cpu time"
+            elif stall_seconds is not None and time.monotonic() - seen[0] > stall_seconds:
+                killed = "stalled"
             elif STOP.is_set():
                 killed = "stopped"
             if killed:

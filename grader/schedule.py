@@ -50,7 +50,8 @@ from grader.report import one_line, plural
 from grader.review_flags import ANSWER_CHARS, review_flags
 from grader.withheld import declared, library_copy
 from grader.runs import (BrokenEnvironment, NoSandbox, defined_names, environment_problem, hidden_test_job,  # noqa: F401
-                         run_feedback, run_hidden_tests, run_references, sandbox_problem, template_course)
+                         run_feedback, run_hidden_tests, run_references, run_students, sandbox_problem,
+                         template_course)
 
 # Memory set aside per student graded at once: `default_jobs` runs no more than memory holds. An
 # honest student's heaviest step, the feedback run (nbgrader and a kernel, each with torch), peaked
@@ -208,6 +209,8 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
         report.setup_seconds = began - called
         references = reference_records(Path(scratch) / "references", source, secrets, timeout, sandbox, workers,
                                        progress) if students else {}
+        batched = student_records(Path(scratch) / "students", course, assignment, students, source, release, secrets,
+                                  timeout, workers) if sandbox else {}
         with ThreadPoolExecutor(workers) as pool, progress_bar(assignment, len(students), progress) as bar:
             started, fingerprints = {}, {}
 
@@ -217,7 +220,8 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
                 try:
                     return grade_student(course, assignment, student, template, source, release,
                                          secrets[student], timeout, sandbox,
-                                         execute is True or student in (execute or ()), references.get(student))
+                                         execute is True or student in (execute or ()), references.get(student),
+                                         batched.get(student))
                 finally:
                     report.seconds[student] = time.monotonic() - started[student]
 
@@ -252,30 +256,38 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
     return report
 
 
-def grade_student(course, assignment, student, template, source, release, secret, timeout, sandbox, execute,
-                  reference=None):
-    """(verdicts or None, the notebook as run (or as submitted), problem, note, review flags) for one
-    student. The notebook as run comes from the sandbox: data to sanitise, nothing to trust.
-    `reference`: the reference's record on this student's secret (reference_records), or None: the
-    reference then runs here, for this student alone."""
+def gradable(course, assignment, student, source, release) -> tuple[dict | None, str | None, str | None]:
+    """(the submission as graded, None, note) or (the submission or None, why it is not graded, note)."""
     try:
         submission = read_submission(course, student, assignment, release)
         files = submission_files(course, student, assignment, release)
         renamed = files_note(*files, assignment, uploaded_as(course, student, assignment, files[0]))
     except (OSError, ValueError) as error:
-        return None, None, f"the submission could not be read: {error}", None, None
+        return None, f"the submission could not be read: {error}", None
     submission, restored = recovered(submission, release)
     answers = {grade_id(c) for c in release["cells"] if (c["metadata"].get("nbgrader") or {}).get("solution")}
     if not answers & {grade_id(c) for c in submission["cells"]}:
-        return None, submission, ("no answer cell of the notebook carries the exercise's nbgrader metadata "
-                                  "(an editor removed it, and the cells' ids too): grade it by hand"), renamed, None
+        return submission, ("no answer cell of the notebook carries the exercise's nbgrader metadata "
+                            "(an editor removed it, and the cells' ids too): grade it by hand"), renamed
     if restored:
         renamed = "; ".join(filter(None, [renamed, f"{plural(restored, 'cell')} had lost their nbgrader metadata: "
                                                    "recovered from the cells' ids"]))
     size = sum(len(code) for _, code in student_code(submission, source))
     if size > ANSWER_CHARS:
-        return None, submission, (f"its answer cells and the cells it added hold {size:,} characters in all, more "
-                                  f"than the {ANSWER_CHARS:,} the grader reads: read it by hand"), renamed, None
+        return submission, (f"its answer cells and the cells it added hold {size:,} characters in all, more "
+                            f"than the {ANSWER_CHARS:,} the grader reads: read it by hand"), renamed
+    return submission, None, renamed
+
+
+def grade_student(course, assignment, student, template, source, release, secret, timeout, sandbox, execute,
+                  reference=None, batched=None):
+    """(verdicts or None, the notebook as run (or as submitted), problem, note, review flags) for one
+    student. The notebook as run comes from the sandbox: data to sanitise, nothing to trust.
+    `reference`: the reference's record on this student's secret (reference_records), or None: the
+    reference then runs here, for this student alone."""
+    submission, problem, renamed = gradable(course, assignment, student, source, release)
+    if problem:
+        return None, submission, problem, renamed, None
     flags = review_flags(submission, source)
     with tempfile.TemporaryDirectory(prefix=f"grading-{assignment}-") as scratch:
         ran, note = submission, renamed
@@ -296,6 +308,9 @@ def grade_student(course, assignment, student, template, source, release, secret
         for who, job in jobs:
             if who == "reference" and reference is not None:  # computed before the students' runs
                 records[who] = reference
+                continue
+            if who == "student" and batched is not None and batched[0] == job:  # the submission as the batch read it
+                records[who] = batched[1]
                 continue
             records[who], problem = run_hidden_tests(Path(scratch) / who, job, sandbox, timeout, library[who])
             if problem:
@@ -379,6 +394,53 @@ def reference_records(folder: Path, source: dict, secrets: dict, timeout: int, s
     finally:
         pool.shutdown()
     return records
+
+
+STUDENT_BATCH = 16  # students whose hidden tests one sandboxed run grades (runs.run_students)
+
+
+def student_records(folder: Path, course: Path, assignment: str, students: list[str], source: dict, release: dict,
+                    secrets: dict, timeout: int, workers: int) -> dict:
+    """{student: (their hidden-test job, its records)} for the gradable students, from sandboxed runs
+    of up to STUDENT_BATCH students each, `workers` at a time (runs.run_students): each student's
+    records are those a run of their own gives, without the imports each such run pays. A student
+    not here (their run or one before it in the batch did not end well, or the submission changed
+    since: grade_student compares the job) gets a run of their own, as before."""
+    jobs = {}
+    for student in students:
+        try:
+            submission, problem, _ = gradable(course, assignment, student, source, release)
+            if not problem:
+                jobs[student] = hidden_test_job(source, submission, secrets[student], timeout)
+        except Exception:  # noqa: BLE001  (ValueError, SyntaxError, ...): grade_student says why
+            pass
+    if len(jobs) < 2:
+        return {}
+    names = list(jobs)
+    count = max(min(workers, len(names)), -(-len(names) // STUDENT_BATCH))
+    chunks = [names[k::count] for k in range(count)]
+    folder.mkdir()
+    library = library_copy(declared(source), folder / "library")
+
+    def batch(number, chunk):
+        try:
+            return run_students(folder / str(number), [jobs[s] for s in chunk], timeout, library)
+        except Exception:  # noqa: BLE001  the grader's failure: these students' own runs follow
+            return [None] * len(chunk)
+
+    found = {}
+    pool = ThreadPoolExecutor(min(workers, len(chunks)))
+    try:
+        for chunk, records in zip(chunks, pool.map(batch, range(len(chunks)), chunks)):
+            found.update({s: (jobs[s], r) for s, r in zip(chunk, records) if r is not None})
+    except KeyboardInterrupt:
+        sandboxing.STOP.set()  # end the sandboxes still running
+        pool.shutdown(wait=True, cancel_futures=True)
+        sandboxing.STOP.clear()
+        raise
+    finally:
+        pool.shutdown()
+    return found
 
 
 def failed(report: Report, student: str, why: str) -> None:

@@ -1,0 +1,57 @@
+"""Many students' hidden tests in one sandbox, one after another (grader/runs.py, run_students;
+grader/hidden_tests.py, `students`): each gets the records a run of their own gives, nothing one
+leaves reaches the next, and one that ends or stops the run costs the students after it only a run
+of their own, never a grade. The whole path, with real exercises and the hostile corpus, is graded
+through these batches in tests/test_exercises.py and tests/test_hostile_corpus.py.
+"""
+import time
+
+import pytest
+
+from grader import runs, sandbox as sandboxing
+from grader.withheld import library_copy
+
+NO_SANDBOX = runs.sandbox_problem()
+pytestmark = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no sandbox here: {NO_SANDBOX}")
+
+TMP_SEEN = "import os\nseen = sorted(os.listdir('/tmp'))\ndef f():\n    return seen\n"
+LEAVES = ("import os\nos.makedirs('/tmp/kept/inner')\nopen('/tmp/kept/inner/answers.py', 'w').write('x = 1')\n"
+          "os.chmod('/tmp/kept/inner', 0o500)\nos.chmod('/tmp/kept', 0o500)\nopen('/tmp/home/.pythonrc', 'w').write('')\n"
+          "def f():\n    return ['home']\n")
+# The batch's first process: the parent of the process that forks the parts (hidden_tests.students).
+FIRST = "int(open(f'/proc/{os.getppid()}/stat').read().rsplit(')', 1)[1].split()[1])"
+
+
+def job(cells: str) -> dict:
+    return {"secret": "s" * 64, "timeout": 5, "setup": "import os, signal",
+            "parts": [{"test_id": "p1_tests", "names": ["f"], "cells": [["p1_solution", cells]],
+                       "test": "assert f() == ['home'], f()"}]}
+
+
+def stopped(records) -> list:
+    return [None if r is None else r["p1_tests"]["stopped"] for r in records]
+
+
+def test_nothing_a_student_leaves_in_tmp_reaches_the_next_one(tmp_path):
+    library = library_copy([], tmp_path / "library")
+    batch = runs.run_students(tmp_path / "batch", [job(TMP_SEEN), job(LEAVES), job(TMP_SEEN)], 5, library)
+    assert stopped(batch) == [None, None, None]  # /tmp held HOME alone, before and after the one that wrote there
+    alone, problem = runs.run_hidden_tests(tmp_path / "alone", {**job(TMP_SEEN), "sandboxed": True}, True, 5, library)
+    assert problem is None and batch[0] == alone
+
+
+def test_a_student_who_ends_the_batch_leaves_the_students_after_them_to_runs_of_their_own(tmp_path):
+    library = library_copy([], tmp_path / "library")
+    kills = TMP_SEEN + f"os.kill({FIRST}, signal.SIGKILL)\n"
+    batch = runs.run_students(tmp_path / "batch", [job(TMP_SEEN), job(kills), job(TMP_SEEN)], 5, library)
+    assert stopped(batch[:1]) == [None] and batch[1:] == [None, None]
+    ends_its_own = "os.kill(os.getppid(), signal.SIGKILL)\n" + TMP_SEEN
+    batch = runs.run_students(tmp_path / "batch2", [job(ends_its_own), job(TMP_SEEN)], 5, library)
+    assert batch == [None, None]
+
+
+def test_a_run_silent_past_its_stall_limit_is_ended_as_stalled():
+    started = time.monotonic()
+    outcome = sandboxing.run(["/bin/sh", "-c", "echo first >&3; sleep 60"], limits=sandboxing.Limits(seconds=60, cpu_seconds=60),
+                             sandbox=False, stall_seconds=1)
+    assert outcome.killed == "stalled" and outcome.result == b"first\n" and time.monotonic() - started < 30
