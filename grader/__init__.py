@@ -10,7 +10,8 @@ A submission's path, one way through the package, and the side each module is on
     student_copy   the student's copy of the tests: nothing computes an answer     never runs student code
     withheld       the library the student's sandbox imports, less the answers     never runs student code
     runs           the feedback run, the student's and the reference's
-                   hidden-test runs, each in a sandbox of its own                  runs student code (in sandboxes)
+                   hidden-test runs, in sandboxes (many students' one after        runs student code (in sandboxes)
+                   another in one: run_students)
     sandbox        the sandbox itself (bubblewrap, an unprivileged user, limits)   runs student code (confined)
     hidden_tests   the program run inside a hidden-test sandbox                    runs student code (in a sandbox)
     no_threads     its parts start no thread, no process (seccomp)                 runs student code (in a sandbox)

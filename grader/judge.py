@@ -3,7 +3,7 @@
     judge(reference, student) -> {test_id: {"passed": bool, "message": str}}
 
 Both records come from grader/hidden_tests.py: the instructor's reference solution and the student's
-answers, each run in a sandbox of its own under the same tests on the same secret inputs. Each part's
+answers, each run in a sandbox under the same tests on the same secret inputs. Each part's
 record is a list of observations (mpcourse.grading, observing mode) and the error that stopped the
 tests, if any. A part passes when the student's tests ran to the end and the student's i-th
 observation matches the reference's i-th, for every i, by the reference's rules:

@@ -1,4 +1,4 @@
-"""The runs of one student, each in a sandbox of its own (grader.sandbox): the side that runs
+"""The runs of one student, each in a sandbox (grader.sandbox): the side that runs
 student code. Nothing of a submission runs in this process: it only prepares each run's folder and
 job, starts the sandbox, and reads back what came out of it, as data.
 
@@ -6,6 +6,7 @@ job, starts the sandbox, and reads back what came out of it, as data.
     hidden_test_job(source, submission, secret, timeout, reference=False) -> the job of grader/hidden_tests.py
     run_hidden_tests(folder, job, sandbox, timeout, library=None) -> (record of each part, None) or (None, why not)
     run_references(folder, job, secrets, sandbox, timeout) -> ([record of each part, per secret], None) or (None, why not)
+    run_students(folder, jobs, timeout, library) -> [record of each part, or None, per student's job]
     read_records(output, job) -> (records, None) or (None, why not)   # grader/hidden_tests.py output
 
 1. The feedback run: the submitted notebook runs under nbgrader against the *release* (visible
@@ -17,7 +18,10 @@ job, starts the sandbox, and reads back what came out of it, as data.
    included, in the student's copy (grader/student_copy.py: no expected value, nothing that
    computes one), on the student's answer cells only, importing a copy of the course library less
    what the parts ask students to write (grader/withheld.py); the job goes in on its stdin, the
-   record comes out on the result pipe.
+   record comes out on the result pipe. grader/schedule.py runs up to 16 students' hidden tests in
+   one sandbox, one student after another (`run_students`; grader/hidden_tests.py, `students`, says
+   what keeps each student's run from the next): the imports are most of a run's cost, and a
+   batch pays them once. A student whose batched run did not end well gets a run of their own.
 3. The reference run: the same tests, expected values kept, on the instructor's solution cells,
    with the same secret. The reference's code is the same for every student, only the secret
    differs: one run computes the records of many students (`run_references`, each secret's parts

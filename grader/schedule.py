@@ -14,7 +14,10 @@ in the scheduler's thread, the gradebook (grader/gradebook.py), which also write
 notebook (grader/feedback.py). The reference's runs come first, for every student at once: its
 code is the same for all, only the secret differs, so one sandboxed run per worker computes the
 records of many students (`reference_records`); a student whose batch failed gets a reference run
-of their own, as before.
+of their own, as before. The students' hidden tests come next, also batched (`student_records`: up
+to STUDENT_BATCH students one after another in one sandbox, runs.run_students), each student's
+records those a run of their own gives; a student the batch did not grade, or whose submission
+changed since it was read, gets a run of their own in grade_student.
 
 - Every core: `workers` students at a time (default `default_jobs()`: one per core, as many as
   memory holds), each sandbox held to one CPU (grader/sandbox.py) and its maths libraries to one
@@ -210,7 +213,7 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
         references = reference_records(Path(scratch) / "references", source, secrets, timeout, sandbox, workers,
                                        progress) if students else {}
         batched = student_records(Path(scratch) / "students", course, assignment, students, source, release, secrets,
-                                  timeout, workers) if sandbox else {}
+                                  timeout, workers, progress) if sandbox else {}
         with ThreadPoolExecutor(workers) as pool, progress_bar(assignment, len(students), progress) as bar:
             started, fingerprints = {}, {}
 
@@ -400,7 +403,7 @@ STUDENT_BATCH = 16  # students whose hidden tests one sandboxed run grades (runs
 
 
 def student_records(folder: Path, course: Path, assignment: str, students: list[str], source: dict, release: dict,
-                    secrets: dict, timeout: int, workers: int) -> dict:
+                    secrets: dict, timeout: int, workers: int, progress: bool = False) -> dict:
     """{student: (their hidden-test job, its records)} for the gradable students, from sandboxed runs
     of up to STUDENT_BATCH students each, `workers` at a time (runs.run_students): each student's
     records are those a run of their own gives, without the imports each such run pays. A student
@@ -421,6 +424,9 @@ def student_records(folder: Path, course: Path, assignment: str, students: list[
     chunks = [names[k::count] for k in range(count)]
     folder.mkdir()
     library = library_copy(declared(source), folder / "library")
+    if progress:
+        print(f"the hidden tests of {plural(len(names), 'student')}: {plural(len(chunks), 'sandboxed run')}, "
+              f"{min(workers, len(chunks))} at a time", file=sys.stderr, flush=True)
 
     def batch(number, chunk):
         try:
