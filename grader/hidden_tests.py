@@ -381,7 +381,14 @@ def run_job(job: dict) -> None:
 # prints END <number> <status>. A student whose child did not end well ends the batch: the grader
 # gives each student from that one on a run of their own. Answer cells start no process and no
 # thread (grader/no_threads.py), and no process here can be traced or read by another (not
-# dumpable: prctl above, inherited by every child).
+# dumpable: prctl above, inherited by every child). What a process of the same user may still
+# change in another, and what the next student's processes would inherit or share, is checked or
+# removed between students (red team 15: an answer cell lowered the first process's CPU-time
+# limit with prlimit, and every later student of the batch lost every part; a System V shared
+# memory segment outlived its student and held the batch's memory): the first process's limits,
+# priority, scheduling and CPUs are compared with what they were when it started, and a change
+# ends the batch (no limit lowered can be raised again); the sandbox's System V objects (its own
+# IPC namespace) are removed.
 
 def read_exactly(count: int) -> bytes:
     data = bytearray()
@@ -423,10 +430,34 @@ def empty_tmp() -> None:
     os.mkdir("/tmp/home")
 
 
+def process_state() -> tuple:
+    """What a process of the same user may change in this one and its children would inherit."""
+    limits = {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")}
+    return (limits, os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), os.sched_getparam(0).sched_priority,
+            sorted(os.sched_getaffinity(0)))
+
+
+IPC_RMID = 0
+
+
+def remove_ipc() -> None:
+    """Remove every System V shared memory segment, message queue and semaphore set of this
+    sandbox's IPC namespace (all of its processes are dead: a segment is freed with its removal)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    remove = {"shm": lambda i: libc.shmctl(i, IPC_RMID, None), "msg": lambda i: libc.msgctl(i, IPC_RMID, None),
+              "sem": lambda i: libc.semctl(i, 0, IPC_RMID)}
+    for kind, rm in remove.items():
+        for line in open(f"/proc/sysvipc/{kind}").read().splitlines()[1:]:
+            rm(int(line.split()[1]))
+        if open(f"/proc/sysvipc/{kind}").read().splitlines()[1:]:
+            raise RuntimeError(f"System V {kind} objects could not be removed")
+
+
 def students() -> None:
     header = json.loads(read_line())
     if header.get("sandboxed") is not True:  # emptying /tmp is for a sandbox's own /tmp only
         sys.exit("grading refused: a batch of students runs in a sandbox only")
+    started = process_state()
     for number in range(int(header["students"])):
         sys.stdout.flush()
         pid = os.fork()
@@ -442,6 +473,10 @@ def students() -> None:
         _, status = os.waitpid(pid, 0)
         end_the_others()
         empty_tmp()
+        remove_ipc()
+        if process_state() != started:
+            sys.exit("the batch's first process was changed by a student's run: the students from this one on "
+                     "get runs of their own")
         print(f"END {number} {status}", flush=True)
         if status != 0:
             return

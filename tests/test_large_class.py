@@ -107,7 +107,7 @@ class StandIn:
         self.flags = flags or {}
 
     def __call__(self, course, assignment, student, template, source, release, secret, timeout, sandbox, execute,
-                 reference=None):
+                 reference=None, batched=None):
         with self.lock:
             self.calls.append((student, execute))
         self.wait(student)
@@ -133,6 +133,7 @@ def graded_by_stand_ins(course: Path, monkeypatch):
         monkeypatch.setattr(schedule, name, lambda *args: None)
     monkeypatch.setattr(schedule, "template_course", lambda course, assignment, scratch: scratch)
     monkeypatch.setattr(schedule, "reference_records", lambda *args: {})  # the stand-in needs none
+    monkeypatch.setattr(schedule, "student_records", lambda *args: {})
 
     def run(stand_in, **options):
         monkeypatch.setattr(schedule, "grade_student", stand_in)

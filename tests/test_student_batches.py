@@ -14,9 +14,12 @@ from grader.withheld import library_copy
 NO_SANDBOX = runs.sandbox_problem()
 pytestmark = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no sandbox here: {NO_SANDBOX}")
 
-TMP_SEEN = "import os\nseen = sorted(os.listdir('/tmp'))\ndef f():\n    return seen\n"
-LEAVES = ("import os\nos.makedirs('/tmp/kept/inner')\nopen('/tmp/kept/inner/answers.py', 'w').write('x = 1')\n"
+# What a student's answer sees of what others left: /tmp, and System V shared memory
+TMP_SEEN = ("import os\nseen = sorted(os.listdir('/tmp')) + open('/proc/sysvipc/shm').read().splitlines()[1:]\n"
+            "def f():\n    return seen\n")
+LEAVES = ("import os, ctypes\nos.makedirs('/tmp/kept/inner')\nopen('/tmp/kept/inner/answers.py', 'w').write('x = 1')\n"
           "os.chmod('/tmp/kept/inner', 0o500)\nos.chmod('/tmp/kept', 0o500)\nopen('/tmp/home/.pythonrc', 'w').write('')\n"
+          "assert ctypes.CDLL(None).shmget(0, 2**20, 0o1600) >= 0\n"
           "def f():\n    return ['home']\n")
 # The batch's first process: the parent of the process that forks the parts (hidden_tests.students).
 FIRST = "int(open(f'/proc/{os.getppid()}/stat').read().rsplit(')', 1)[1].split()[1])"
@@ -35,7 +38,7 @@ def stopped(records) -> list:
 def test_nothing_a_student_leaves_in_tmp_reaches_the_next_one(tmp_path):
     library = library_copy([], tmp_path / "library")
     batch = runs.run_students(tmp_path / "batch", [job(TMP_SEEN), job(LEAVES), job(TMP_SEEN)], 5, library)
-    assert stopped(batch) == [None, None, None]  # /tmp held HOME alone, before and after the one that wrote there
+    assert stopped(batch) == [None, None, None]  # /tmp held HOME alone and no segment, before and after
     alone, problem = runs.run_hidden_tests(tmp_path / "alone", {**job(TMP_SEEN), "sandboxed": True}, True, 5, library)
     assert problem is None and batch[0] == alone
 
@@ -48,6 +51,10 @@ def test_a_student_who_ends_the_batch_leaves_the_students_after_them_to_runs_of_
     ends_its_own = "os.kill(os.getppid(), signal.SIGKILL)\n" + TMP_SEEN
     batch = runs.run_students(tmp_path / "batch2", [job(ends_its_own), job(TMP_SEEN)], 5, library)
     assert batch == [None, None]
+    # Red team 15: a limit of the first process lowered, which every later student would inherit
+    lowers = f"import resource\nresource.prlimit({FIRST}, resource.RLIMIT_CPU, (40, 40))\n" + TMP_SEEN
+    batch = runs.run_students(tmp_path / "batch3", [job(TMP_SEEN), job(lowers), job(TMP_SEEN)], 5, library)
+    assert stopped(batch[:1]) == [None] and batch[1:] == [None, None]
 
 
 def test_a_run_silent_past_its_stall_limit_is_ended_as_stalled():
