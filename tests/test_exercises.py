@@ -475,12 +475,12 @@ def test_busy_processes_in_new_sessions_do_not_starve_a_neighbour(tmp_path):
     """Two sandboxes side by side: one starts as many busy processes as it can, in new sessions;
     the other does a fixed amount of work. The busy one holds at most its CPU share (cgroup), the
     number of processes it may start is capped, and the neighbour's slowdown is measured."""
-    limits = runs.sandboxing.Limits(seconds=25, cpu_seconds=100, processes=64)
+    limits = runs.sandboxing.Limits(seconds=12, cpu_seconds=100, processes=64)  # the neighbour: a few seconds
     alone = in_sandbox(tmp_path / "alone", NEIGHBOUR, limits=limits)
     attacker = {}
     thread = threading.Thread(target=lambda: attacker.update(run=in_sandbox(tmp_path / "attacker", FORKS, 400, limits=limits)))
     thread.start()
-    time.sleep(5)
+    time.sleep(4)
     beside = in_sandbox(tmp_path / "next", NEIGHBOUR, limits=limits)
     thread.join()
     run = attacker["run"]
