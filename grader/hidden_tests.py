@@ -430,11 +430,23 @@ def empty_tmp() -> None:
     os.mkdir("/tmp/home")
 
 
+IOPRIO_GET = {"x86_64": 252, "aarch64": 31}  # the ioprio_get system call's number
+
+
 def process_state() -> tuple:
-    """What a process of the same user may change in this one and its children would inherit."""
+    """What a process of the same user may change in this one and its children would inherit:
+    limits, priority, scheduling, CPUs, I/O priority, and the session's autogroup nice value (red
+    team 15b: /proc/self/autogroup, shared by every process of the sandbox's session)."""
+    import platform
     limits = {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")}
+    call = IOPRIO_GET.get(platform.machine())
+    try:
+        with open("/proc/self/autogroup") as file:
+            autogroup = file.read().split()[-1]
+    except OSError:  # a kernel without autogroups
+        autogroup = None
     return (limits, os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), os.sched_getparam(0).sched_priority,
-            sorted(os.sched_getaffinity(0)))
+            sorted(os.sched_getaffinity(0)), call and ctypes.CDLL(None).syscall(call, 1, 0), autogroup)
 
 
 IPC_RMID = 0

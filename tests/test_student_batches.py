@@ -4,6 +4,7 @@ leaves reaches the next, and one that ends or stops the run costs the students a
 of their own, never a grade. The whole path, with real exercises and the hostile corpus, is graded
 through these batches in tests/test_exercises.py and tests/test_hostile_corpus.py.
 """
+import os
 import time
 
 import pytest
@@ -51,9 +52,22 @@ def test_a_student_who_ends_the_batch_leaves_the_students_after_them_to_runs_of_
     ends_its_own = "os.kill(os.getppid(), signal.SIGKILL)\n" + TMP_SEEN
     batch = runs.run_students(tmp_path / "batch2", [job(ends_its_own), job(TMP_SEEN)], 5, library)
     assert batch == [None, None]
-    # Red team 15: a limit of the first process lowered, which every later student would inherit
-    lowers = f"import resource\nresource.prlimit({FIRST}, resource.RLIMIT_CPU, (40, 40))\n" + TMP_SEEN
-    batch = runs.run_students(tmp_path / "batch3", [job(TMP_SEEN), job(lowers), job(TMP_SEEN)], 5, library)
+
+
+# Red team 15: what a student's process may change in the first one, which every later student of
+# the batch would inherit: a limit lowered (every later part failed), the session's nice value
+CHANGES = {"a CPU-time limit": f"import resource\nresource.prlimit({FIRST}, resource.RLIMIT_CPU, (40, 40))\n",
+           "the session's nice value": ("import ctypes\nctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable: its /proc files its own\n"
+                                        "open('/proc/self/autogroup', 'w').write('19')\n")}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_student_who_changes_the_first_process_ends_the_batch_there(tmp_path, change):
+    if "autogroup" in CHANGES[change] and not os.path.exists("/proc/self/autogroup"):
+        pytest.skip("this kernel has no autogroups")
+    library = library_copy([], tmp_path / "library")
+    batch = runs.run_students(tmp_path / "batch", [job(TMP_SEEN), job(CHANGES[change] + TMP_SEEN), job(TMP_SEEN)],
+                              5, library)
     assert stopped(batch[:1]) == [None] and batch[1:] == [None, None]
 
 
