@@ -366,8 +366,7 @@ def reference_records(folder: Path, source: dict, secrets: dict, timeout: int, s
         job = hidden_test_job(source, source, "", timeout, reference=True)
     except (ValueError, SyntaxError):  # each student's grading says why
         return {}
-    count = max(min(workers, len(students)), -(-len(students) // REFERENCE_BATCH))
-    chunks = [students[k::count] for k in range(count)]
+    chunks = chunked(students, workers, REFERENCE_BATCH)
     folder.mkdir()
     if progress:
         whose = plural(len(students), "student's", "students'")
@@ -382,13 +381,26 @@ def reference_records(folder: Path, source: dict, secrets: dict, timeout: int, s
             return None, repr(error)[:300]
 
     records = {}
+    for chunk, (found, problem) in zip(chunks, side_by_side(batch, chunks, workers)):
+        if problem:
+            print(f"NOTE: the reference run of {plural(len(chunk), 'student')} {problem}: each of them gets a reference "
+                  "run of their own", file=sys.stderr, flush=True)
+        records.update(zip(chunk, found or [None] * len(chunk)))
+    return records
+
+
+def chunked(students: list, workers: int, most: int) -> list[list]:
+    """`students` dealt into `workers` batches, more where a batch would hold more than `most`."""
+    count = max(min(workers, len(students)), -(-len(students) // most))
+    return [students[k::count] for k in range(count)]
+
+
+def side_by_side(batch, chunks: list, workers: int) -> list:
+    """[batch(number, chunk) for each of `chunks`], `workers` at a time; Ctrl-C ends the sandboxes
+    still running, then stops."""
     pool = ThreadPoolExecutor(min(workers, len(chunks)))
     try:
-        for chunk, (found, problem) in zip(chunks, pool.map(batch, range(len(chunks)), chunks)):
-            if problem:
-                print(f"NOTE: the reference run of {plural(len(chunk), 'student')} {problem}: each of them gets a reference "
-                      "run of their own", file=sys.stderr, flush=True)
-            records.update(zip(chunk, found or [None] * len(chunk)))
+        return list(pool.map(batch, range(len(chunks)), chunks))
     except KeyboardInterrupt:
         sandboxing.STOP.set()  # end the sandboxes still running
         pool.shutdown(wait=True, cancel_futures=True)
@@ -396,7 +408,6 @@ def reference_records(folder: Path, source: dict, secrets: dict, timeout: int, s
         raise
     finally:
         pool.shutdown()
-    return records
 
 
 STUDENT_BATCH = 16  # students whose hidden tests one sandboxed run grades (runs.run_students)
@@ -420,8 +431,7 @@ def student_records(folder: Path, course: Path, assignment: str, students: list[
     if len(jobs) < 2:
         return {}
     names = list(jobs)
-    count = max(min(workers, len(names)), -(-len(names) // STUDENT_BATCH))
-    chunks = [names[k::count] for k in range(count)]
+    chunks = chunked(names, workers, STUDENT_BATCH)
     folder.mkdir()
     library = library_copy(declared(source), folder / "library")
     if progress:
@@ -435,17 +445,8 @@ def student_records(folder: Path, course: Path, assignment: str, students: list[
             return [None] * len(chunk)
 
     found = {}
-    pool = ThreadPoolExecutor(min(workers, len(chunks)))
-    try:
-        for chunk, records in zip(chunks, pool.map(batch, range(len(chunks)), chunks)):
-            found.update({s: (jobs[s], r) for s, r in zip(chunk, records) if r is not None})
-    except KeyboardInterrupt:
-        sandboxing.STOP.set()  # end the sandboxes still running
-        pool.shutdown(wait=True, cancel_futures=True)
-        sandboxing.STOP.clear()
-        raise
-    finally:
-        pool.shutdown()
+    for chunk, records in zip(chunks, side_by_side(batch, chunks, workers)):
+        found.update({s: (jobs[s], r) for s, r in zip(chunk, records) if r is not None})
     return found
 
 
