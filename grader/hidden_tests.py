@@ -411,8 +411,16 @@ def read_line(limit: int = 200) -> bytes:
     return bytes(line)
 
 
-def empty_tmp() -> None:
-    """Remove everything under /tmp (a student may leave read-only folders), then make HOME again."""
+def shown_in_tmp() -> set[str]:
+    """What the sandbox itself put in /tmp, none of it this user's: the folders on the way to what it
+    shows there (a Python environment or a course in a mktemp clone: grader/sandbox.py), made by
+    root, read-only below. HOME (/tmp/home) is this user's: made again for each student."""
+    return {entry.name for entry in os.scandir("/tmp") if entry.stat(follow_symlinks=False).st_uid != os.getuid()}
+
+
+def empty_tmp(kept: set[str]) -> None:
+    """Remove everything under /tmp but `kept` (shown_in_tmp: nothing a student can write to), a
+    student's read-only folders included, then make HOME again."""
     def writable_again(function, path, _):
         os.chmod(os.path.dirname(path), 0o700)
         os.chmod(path, 0o700) if os.path.isdir(path) and not os.path.islink(path) else None
@@ -420,12 +428,14 @@ def empty_tmp() -> None:
 
     import shutil
     for entry in os.scandir("/tmp"):
+        if entry.name in kept and entry.stat(follow_symlinks=False).st_uid != os.getuid():
+            continue
         if entry.is_dir(follow_symlinks=False):
             os.chmod(entry.path, 0o700)
             shutil.rmtree(entry.path, onerror=writable_again)
         else:
             os.unlink(entry.path)
-    if os.listdir("/tmp"):
+    if set(os.listdir("/tmp")) != kept:
         raise RuntimeError("/tmp could not be emptied")
     os.mkdir("/tmp/home")
 
@@ -469,7 +479,7 @@ def students() -> None:
     header = json.loads(read_line())
     if header.get("sandboxed") is not True:  # emptying /tmp is for a sandbox's own /tmp only
         sys.exit("grading refused: a batch of students runs in a sandbox only")
-    started = process_state()
+    started, kept = process_state(), shown_in_tmp()
     for number in range(int(header["students"])):
         sys.stdout.flush()
         pid = os.fork()
@@ -484,7 +494,7 @@ def students() -> None:
             os._exit(status)
         _, status = os.waitpid(pid, 0)
         end_the_others()
-        empty_tmp()
+        empty_tmp(kept)
         remove_ipc()
         if process_state() != started:
             sys.exit("the batch's first process was changed by a student's run: the students from this one on "
