@@ -13,8 +13,10 @@ are executed again. The ``built_book`` fixture (tests/conftest.py) waits for tha
 The order of the run (pytest-xdist hands out whole files in the order they come, with
 ``--no-loadscope-reorder``, the first ones round-robin): the book's notebooks first, then the two
 sandboxed gradings (`GRADINGS`, the longest modules: next to each other, so on two workers), then
-the other test modules, the largest first (as pytest-xdist would order them), and the tests that
-need the built book last. So the book is built while the test modules run, and a worker that
+the modules whose tests take longest (`LONG`, slowest first: grading runs, PostgreSQL servers,
+LMS downloads; as the last of them they kept one worker busy for a minute while the other had
+nothing left, 2026-11-30), then the other test modules, the largest first (as pytest-xdist would
+order them), and the tests that need the built book last. So the book is built while the test modules run, and a worker that
 waits for it waits only for notebooks running on other workers.
 """
 import os
@@ -30,6 +32,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BOOK_TESTS = ("test_book.py", "test_browser.py")  # the modules that use the built book
 GRADINGS = ("test_exercises.py", "test_hostile_corpus.py")  # each grades its class, sandboxed, once
+LONG = ("test_large_class.py", "test_collect_again.py", "test_student_answers.py", "test_instructor.py")
 EXPECTED = "expected.txt"  # the notebooks this session runs, one name a line
 NEEDS_BOOK = "needs-book"  # there: the session has tests that need the built book
 
@@ -52,8 +55,9 @@ def pytest_collection_modifyitems(items):
 
     def order(item):
         name = item.path.name
-        group = 0 if is_book_notebook(item) else 1 if name in GRADINGS else 3 if name in BOOK_TESTS else 2
-        return group, -sizes[item.path] if group == 2 else 0, str(item.path)
+        group = (0 if is_book_notebook(item) else 1 if name in GRADINGS else 2 if name in LONG
+                 else 4 if name in BOOK_TESTS else 3)
+        return group, -sizes[item.path] if group == 3 else LONG.index(name) if group == 2 else 0, str(item.path)
 
     items.sort(key=order)  # stable: a file's tests keep their order
 
