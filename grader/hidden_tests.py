@@ -1,4 +1,5 @@
-"""Runs one student's hidden tests, or the instructor's reference solution under the same tests.
+"""Runs one student's hidden tests, or the instructor's reference solution under the same tests (or,
+with `--students`, many students' hidden tests one after another: `students`, below).
 Runs student code: the untrusted half of the grader, started by grader/runs.py inside a sandbox of
 its own, where it is copied alone with grader/no_threads.py (it imports nothing else of `grader`,
 only `mpcourse`). It never
@@ -377,7 +378,8 @@ def run_job(job: dict) -> None:
 # nothing of one student is in the memory the next one's processes start from. For each student
 # in turn it forks a child that reads that student's job itself (a line with its length, then
 # the JSON) and grades it as a run of its own would, each part in a child forked from it; then it
-# kills every other process of the sandbox, empties /tmp (the only place a sandbox writes), and
+# kills every other process of the sandbox, empties /tmp (the only place a sandbox writes; the
+# folders the sandbox itself put there are root's and stay: shown_in_tmp), and
 # prints END <number> <status>. A student whose child did not end well ends the batch: the grader
 # gives each student from that one on a run of their own. Answer cells start no process and no
 # thread (grader/no_threads.py), and no process here can be traced or read by another (not
