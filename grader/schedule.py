@@ -287,7 +287,9 @@ def grade_student(course, assignment, student, template, source, release, secret
     """(verdicts or None, the notebook as run (or as submitted), problem, note, review flags) for one
     student. The notebook as run comes from the sandbox: data to sanitise, nothing to trust.
     `reference`: the reference's record on this student's secret (reference_records), or None: the
-    reference then runs here, for this student alone."""
+    reference then runs here, for this student alone. `batched`: (the job a batch ran for this
+    student, its records) from student_records, or None; used only where the job built here from
+    the submission as read now is that job, else the student's hidden tests run here."""
     submission, problem, renamed = gradable(course, assignment, student, source, release)
     if problem:
         return None, submission, problem, renamed, None
