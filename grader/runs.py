@@ -428,15 +428,20 @@ def hidden_test_limits(parts: int, timeout: int) -> "sandboxing.Limits":
     return sandboxing.Limits(seconds=60 + 4 * parts * timeout, cpu_seconds=60 + parts * (timeout + 3))
 
 
+def runner_folder(folder: Path) -> None:
+    """`folder`, made to hold grader/hidden_tests.py and the one module it imports (issue 45)."""
+    folder.mkdir()
+    shutil.copy(HIDDEN_TESTS, folder / "hidden_tests.py")
+    shutil.copy(HIDDEN_TESTS.with_name("no_threads.py"), folder / "no_threads.py")
+
+
 def run_hidden_tests(folder: Path, job: dict, sandbox: bool, timeout: int,
                      library: Path | None = None) -> tuple[dict | None, str | None]:
     """(record of each part, None) from grader/hidden_tests.py run on `job` in a sandbox of its own, or
     (None, why not). The record leaves on the result pipe, as JSON: data, never code. Both runs hash
     strings alike (PYTHONHASHSEED=0), so a test that walks a set checks in the same order in each.
     `library`: the copy of the course library the run imports (the student's: grader/withheld.py)."""
-    folder.mkdir()
-    shutil.copy(HIDDEN_TESTS, folder / "hidden_tests.py")
-    shutil.copy(HIDDEN_TESTS.with_name("no_threads.py"), folder / "no_threads.py")  # it imports it (issue 45)
+    runner_folder(folder)
     parts = len(job["parts"]) * len(job.get("secrets") or [job["secret"]])  # a batch: every secret's parts
     run = run_sandboxed(["/bin/sh", "-c", 'exec env PYTHONHASHSEED=0 python "$GRADING/hidden_tests.py" - >&3 3>&-'], folder=folder,
                         limits=hidden_test_limits(parts, timeout), sandbox=sandbox, library=library,
@@ -454,9 +459,7 @@ def run_students(folder: Path, jobs: list[dict], timeout: int, library: Path) ->
     a student whose run did not end well, gets a run of their own (run_hidden_tests). Sandboxed
     only. The run ends as soon as one student's tests take longer than a run of their own may
     (hidden_test_limits): no student holds the others up for longer than that."""
-    folder.mkdir()
-    shutil.copy(HIDDEN_TESTS, folder / "hidden_tests.py")
-    shutil.copy(HIDDEN_TESTS.with_name("no_threads.py"), folder / "no_threads.py")
+    runner_folder(folder)
     each = [hidden_test_limits(len(job["parts"]), timeout) for job in jobs]
     frames = [json.dumps({**job, "sandboxed": True}).encode() for job in jobs]
     stdin = json.dumps({"students": len(jobs), "sandboxed": True}).encode() + b"\n" + \
@@ -467,18 +470,17 @@ def run_students(folder: Path, jobs: list[dict], timeout: int, library: Path) ->
                         folder=folder, limits=limits, sandbox=True, library=library, stdin=stdin,
                         stall_seconds=max(limit.seconds for limit in each))
     found: list[dict | None] = [None] * len(jobs)
-    segment = []
+    number, segment = 0, []
     for line in run.result.split(b"\n"):
-        number = len([f for f in found if f is not None])
-        if line == b"END %d 0" % number:
-            records, problem = read_records(b"\n".join(segment), jobs[number])
-            if problem:
-                break
-            found[number], segment = records, []
-        elif line.startswith(b"END "):
-            break
-        else:
+        if not line.startswith(b"END "):
             segment.append(line)
+            continue
+        if number == len(jobs) or line != b"END %d 0" % number:
+            break
+        found[number], problem = read_records(b"\n".join(segment), jobs[number])
+        if problem:
+            break
+        number, segment = number + 1, []
     return found
 
 
