@@ -1,5 +1,5 @@
-"""grader: grading the course's exercises so that students cannot fool it (the instructor guide,
-book/instructor_guide.md, says what a grade proves). One command line, run from the repository
+"""grader: grading the course's exercises so that students cannot fool it (the book's page
+book/grading_guarantees.md says what a grade proves). One command line, run from the repository
 root: `python -m grader collect|grade|results|prepare|pack-feedback|export|release|check|demo ...`.
 
 A submission's path, one way through the package, and the side each module is on:

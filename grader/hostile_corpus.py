@@ -329,7 +329,7 @@ EX8_WALKS_THE_STACK = {
         "    return {piece: (k, ('loss', 'weights')) for piece in PIECES}\n"),
 }
 FOOLS["walks_the_stack"] = {"prefix": WALKS_THE_STACK, "in_functions": "return _from_the_tests(*args, **kwargs)"}
-# What the grader cannot prove (instructor guide), graded for what its values earn: none now.
+# What the grader cannot prove (book/grading_guarantees.md), graded for what its values earn: none now.
 LIMITS: dict = {}
 ACCIDENTS = {
     "duplicated_test_cell": "p1_tests", "duplicated_solution_cell": "p2_solution",

@@ -19,7 +19,7 @@ observation matches the reference's i-th, for every i, by the reference's rules:
 Everything but the student's values (the kind of check, its tolerance, the expected value and what
 it is called) is taken from the reference's record, so a forged record can only win with the right
 values. The last two kinds are yes/no answers the student's process could forge: the guarantee is
-that marks need correct values on the secret inputs (instructor guide). A reference that fails its
+that marks need correct values on the secret inputs (book/grading_guarantees.md). A reference that fails its
 own checks, or records nothing for a part, is the instructor's problem: `ReferenceProblem`.
 """
 import numpy as np

@@ -35,7 +35,7 @@ answer; the expected values, and what computes them, were removed from the tests
 ran there. The same tests run
 on the instructor's reference solution in a sandbox of its own, on the same secret inputs, and
 `grader/judge.py`, which never runs student code, compares the two records (mpcourse/records.py:
-a value as data; see the instructor guide). There `seed(n)` mixes the instructor's secret into the seeds of the hidden tests' random
+a value as data; see book/grading_guarantees.md). There `seed(n)` mixes the instructor's secret into the seeds of the hidden tests' random
 inputs; in a student's notebook it returns `n`.
 """
 import builtins
