@@ -187,4 +187,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl-C: what was written stays written, and the command said so
+        sys.exit(130)
