@@ -133,7 +133,9 @@ def canvas(relative: Path) -> dict | None:
              for group in ("person", "late", "user", "file", "name")} | {"name_at": match.start("name")}
     if ambiguous(name, CANVAS_FIELDS):
         return {"student_id": None, "ambiguous": relative.name}
-    student = f"{match['person'].lower()}_{match['user']}"
+    # Canvas itself keeps only word characters; a name that starts with `-` or `.` (an option to a
+    # command, a hidden folder) is read without them, as Moodle's is: the user id keeps it one student.
+    student = f"{match['person'].lower().lstrip('.-')}_{match['user']}"
     return {"student_id": gradebook_id(student), "lms_id": student, "late": bool(match["late"]),
             "order": (upload_number(match["name"]), int(match["file"])),
             "user": match["user"], "name": match["person"], "prefix": name[:match["name_at"]],

@@ -373,6 +373,15 @@ def test_canvas_names_with_marks_anonymous_names_and_zips_without_the_utf8_flag_
     assert "ANONYMOUS" in said and collected(anonymous) == {}
 
 
+def test_a_canvas_id_never_starts_with_a_dash_or_a_dot():
+    """Issue 46: ids are sanitised, no leading `-` (an option to a command) or `.` (a hidden
+    folder); Canvas's own names hold neither, so only a hand-made download has one."""
+    from grader import collect
+    ids = {name: collect.canvas(Path(f"{name}_4455_7890123_{A}.ipynb"))["student_id"]
+           for name in ("--help", ".hidden", "-.-", "doe-jane")}
+    assert ids == {"--help": "help_4455", ".hidden": "hidden_4455", "-.-": "_4455", "doe-jane": "doe-jane_4455"}
+
+
 def test_a_student_named_with_another_shard_is_said_to_be_there(tmp_path, capsys, monkeypatch):
     """Red team 45k, A05: the guide's regrade command (`--student ID --regrade`) with `--shard K/N`
     graded no one, saying only "0 students graded"."""
