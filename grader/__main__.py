@@ -87,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
                         help="grade: students at a time (default: one per core, as many as memory holds at "
                              f"{schedule.JOB_MEMORY // 2**30} GiB each; here {schedule.default_jobs()})")
     parser.add_argument("--student", action="append", default=None, metavar="ID",
-                        help="grade: only this student (repeat for several)")
+                        help="grade, pack-feedback: only this student (repeat for several)")
     parser.add_argument("--regrade", action="store_true",
                         help="grade: the students who already have a grade too (otherwise a rerun grades only the others)")
     parser.add_argument("--no-feedback", action="store_true",
@@ -156,8 +156,9 @@ def main(argv: list[str] | None = None) -> None:
         from grader import lms
         from grader.feedback import pack_feedback
         out = (args.out or args.course / "feedback-upload").resolve()
-        for_each(cli, args, lambda name: lms.pack_feedback(args.course.resolve(), name, args.lms, out, args.db_url) if args.lms
-                 else pack_feedback(args.course.resolve(), name, out, args.db_url))
+        for_each(cli, args, lambda name: lms.pack_feedback(args.course.resolve(), name, args.lms, out, args.db_url,
+                                                           args.student) if args.lms
+                 else pack_feedback(args.course.resolve(), name, out, args.db_url, args.student))
     elif args.command == "export" and args.lms:
         from grader import lms
         if len(args.assignments) != 1:

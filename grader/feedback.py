@@ -295,15 +295,29 @@ def finish_pages(course: Path, assignment: str, students: list[str]) -> None:
             page.write_text(html, encoding="utf-8")
 
 
-def pack_feedback(course: Path, assignment: str, out: Path, url: str | None = None) -> list[Path]:
+def chosen(students, only: list[str] | None, assignment: str):
+    """`students` (ids, or a dict keyed by id), cut to `only` where given; ValueError naming an id of
+    `only` that is not among them."""
+    if only is None:
+        return students
+    unknown = sorted(set(only) - set(students))
+    if unknown:
+        raise ValueError(f"no submission of {assignment} for {', '.join(unknown)}")
+    return {s: students[s] for s in students if s in only} if isinstance(students, dict) else \
+        [s for s in students if s in only]
+
+
+def pack_feedback(course: Path, assignment: str, out: Path, url: str | None = None,
+                  only: list[str] | None = None) -> list[Path]:
     """Each student's feedback page, for upload to an LMS without nbgrader's exchange: copied to
     OUT/<assignment>/<student>_<assignment>.html, and all of them in OUT/<assignment>-feedback.zip.
-    Returns the pages; names the students who handed in but have no feedback page. Refuses (ValueError)
-    while a page is of a submission handed in again since (red team 45l, A02: the old page packed)."""
+    With `only`, those students' pages alone. Returns the pages; names the students who handed in
+    but have no feedback page. Refuses (ValueError) while a page is of a submission handed in again
+    since (red team 45l, A02: the old page packed)."""
     from grader.gradebook import refuse_not_current
     pages, missing = [], []
-    students = sorted({p.parent.name for p in (course / "submitted").glob(f"*/{assignment}")} |
-                      {p.parent.name for p in (course / "feedback").glob(f"*/{assignment}")})
+    students = chosen(sorted({p.parent.name for p in (course / "submitted").glob(f"*/{assignment}")} |
+                             {p.parent.name for p in (course / "feedback").glob(f"*/{assignment}")}), only, assignment)
     refuse_not_current(course, assignment, url, "packed", students)
     folder = out / assignment
     folder.mkdir(parents=True, exist_ok=True)

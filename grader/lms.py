@@ -119,6 +119,9 @@ def export_grades(course: Path, assignment: str, lms: str, to: Path, url: str | 
                 rows.writerow([f"{MOODLE_PARTICIPANT}{students[student]['user']}", inert(students[student]["name"]), "", "",
                                number(exported[student]), number(most), "Yes", stamp])
     print(one_line(f"{plural(len(exported), 'grade')} of {assignment} for {lms} in {to}"))
+    where = "Points" if lms == "canvas" else "Maximum grade"  # the import does not set it (walkthrough 47d, B)
+    print(one_line(f"  points out of {number(most)}: give the {lms} assignment {number(most)} as its {where} "
+                   "before the upload"))
     for student in sorted(set(students) - set(graded)):
         print(one_line(f"  NOT EXPORTED {student}: collected, but no grade in the gradebook (grade {assignment} first)"))
     for student in sorted(set(graded) - set(students)):
@@ -136,10 +139,13 @@ def upload_name(lms: str, assignment: str, entry: dict) -> str:
     return f"{entry['name']}_{entry['user']}_assignfeedback_file_/{assignment}_feedback.html"
 
 
-def pack_feedback(course: Path, assignment: str, lms: str, out: Path, url: str | None = None) -> Path:
+def pack_feedback(course: Path, assignment: str, lms: str, out: Path, url: str | None = None,
+                  only: list[str] | None = None) -> Path:
     """Each collected student's feedback page in OUT/<assignment>-feedback-<lms>.zip, named for
-    `lms`'s bulk feedback upload. Names the students collected who have no page."""
-    students = collected(course, assignment, lms)
+    `lms`'s bulk feedback upload; with `only`, those students' pages alone (a re-submission's new
+    page, without the class's pages again). Names the students collected who have no page."""
+    from grader.feedback import chosen
+    students = chosen(collected(course, assignment, lms), only, assignment)
     refuse_not_current(course, assignment, url, "packed", students)
     one_per_user(students, students, lms, assignment)
     out.mkdir(parents=True, exist_ok=True)

@@ -227,6 +227,13 @@ def test_pack_feedback_names_each_students_page_for_upload(tmp_path):
     with zipfile.ZipFile(tmp_path / "upload" / f"{ASSIGNMENT}-feedback.zip") as archive:
         assert sorted(archive.namelist()) == [f"jane_{ASSIGNMENT}.html", f"omar_{ASSIGNMENT}.html"]
     assert "NO FEEDBACK for late_lee" in result.stdout
+    # A re-submission's new page alone (instructor walkthrough 47d, A: --student was taken and ignored)
+    from grader.__main__ import main
+    main(["pack-feedback", ASSIGNMENT, "--course", str(course), "--out", str(tmp_path / "again"), "--student", "omar"])
+    with zipfile.ZipFile(tmp_path / "again" / f"{ASSIGNMENT}-feedback.zip") as archive:
+        assert archive.namelist() == [f"omar_{ASSIGNMENT}.html"]
+    with pytest.raises(SystemExit, match=f"no submission of {ASSIGNMENT} for omr"):
+        main(["pack-feedback", ASSIGNMENT, "--course", str(course), "--student", "omr"])
 
 
 def test_feedback_markdown_shows_inline_code_as_written_and_maths_as_text():
@@ -616,10 +623,14 @@ def test_grades_and_feedback_go_back_in_the_files_each_lms_imports(registered_co
         folder, name = archive.namelist()[0].split("/")
         assert folder.split("_", 4)[1:4] == ["12345", "assignfeedback", "file"] and name.endswith(".html")
     assert f"NOT EXPORTED {bo['student_id']}: collected, but no grade" in said
+    assert f"points out of {sum(points.values()):g}: give the {lms} assignment {sum(points.values()):g} as its" in said
     assert "NOT EXPORTED byhand: graded, but not collected" in said
     assert f"NO FEEDBACK for {omar['student_id']}" in said and f"NO FEEDBACK for {bo['student_id']}" in said
     with pytest.raises(SystemExit, match="was not collected from"):
         main(["export", ASSIGNMENT, "--lms", "moodle" if lms == "canvas" else "canvas", "--course", str(course)])
+    main(["pack-feedback", ASSIGNMENT, "--lms", lms, "--course", str(course), "--student", omar["student_id"]])
+    assert zipfile.ZipFile(course / "feedback-upload" / f"{ASSIGNMENT}-feedback-{lms}.zip").namelist() == []  # his alone
+    assert f"NO FEEDBACK for {omar['student_id']}" in capsys.readouterr().out
     if lms == "canvas":  # the column named once is the column of every later export (walkthrough 47b, K4)
         main(["export", ASSIGNMENT, "--lms", lms, "--course", str(course), "--column", "Exercise 2 (4407)"])
         main(["export", ASSIGNMENT, "--lms", lms, "--course", str(course)])
