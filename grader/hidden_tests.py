@@ -422,33 +422,45 @@ def shown_in_tmp() -> set[str]:
 
 def empty_tmp(kept: set[str]) -> None:
     """Remove everything under /tmp but `kept` (shown_in_tmp: nothing a student can write to), a
-    student's read-only folders included, then make HOME again."""
-    def writable_again(function, path, _):
-        os.chmod(os.path.dirname(path), 0o700)
-        os.chmod(path, 0o700) if os.path.isdir(path) and not os.path.islink(path) else None
-        function(path)
-
+    student's folders of any mode included (each made this user's to change first: red team 16, B02,
+    a folder of mode 0 inside a read-only one), then make HOME again (unless the sandbox shows
+    something at /tmp/home: it is kept)."""
     import shutil
     for entry in os.scandir("/tmp"):
         if entry.name in kept and entry.stat(follow_symlinks=False).st_uid != os.getuid():
             continue
         if entry.is_dir(follow_symlinks=False):
-            os.chmod(entry.path, 0o700)
-            shutil.rmtree(entry.path, onerror=writable_again)
+            folders = [entry.path]
+            while folders:  # top down: a folder can be listed once it is ours to read
+                folder = folders.pop()
+                os.chmod(folder, 0o700)
+                folders += [e.path for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
+            shutil.rmtree(entry.path)
         else:
             os.unlink(entry.path)
     if set(os.listdir("/tmp")) != kept:
         raise RuntimeError("/tmp could not be emptied")
-    os.mkdir("/tmp/home")
+    os.makedirs("/tmp/home", exist_ok=True)
 
 
 IOPRIO_GET = {"x86_64": 252, "aarch64": 31}  # the ioprio_get system call's number
+SCHED_GETATTR = {"x86_64": 315, "aarch64": 275}  # sched_getattr: the policy's attributes, the slice too
+
+
+def sched_attributes() -> bytes:
+    """This process's `struct sched_attr` as the kernel gives it (56 bytes): what sched_setattr may
+    change beyond policy and priority (red team 16, B03: a 100 ms slice the next student inherited)."""
+    import platform
+    attributes = ctypes.create_string_buffer(56)
+    ctypes.CDLL(None).syscall(SCHED_GETATTR.get(platform.machine(), -1), 0, attributes, 56, 0)
+    return attributes.raw
 
 
 def process_state() -> tuple:
     """What a process of the same user may change in this one and its children would inherit:
-    limits, priority, scheduling, CPUs, I/O priority, and the session's autogroup nice value (red
-    team 15b: /proc/self/autogroup, shared by every process of the sandbox's session)."""
+    limits, priority, scheduling (its attributes too), CPUs, I/O priority, and the session's
+    autogroup nice value (red team 15b: /proc/self/autogroup, shared by every process of the
+    sandbox's session)."""
     import platform
     limits = {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")}
     call = IOPRIO_GET.get(platform.machine())
@@ -458,7 +470,8 @@ def process_state() -> tuple:
     except OSError:  # a kernel without autogroups
         autogroup = None
     return (limits, os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), os.sched_getparam(0).sched_priority,
-            sorted(os.sched_getaffinity(0)), call and ctypes.CDLL(None).syscall(call, 1, 0), autogroup)
+            sorted(os.sched_getaffinity(0)), call and ctypes.CDLL(None).syscall(call, 1, 0), autogroup,
+            sched_attributes())
 
 
 IPC_RMID = 0

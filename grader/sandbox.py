@@ -13,7 +13,8 @@ A list of what to *show*, not of what to hide. Inside bubblewrap the command see
   disk is writable, so nothing the sandbox writes can be followed or replaced afterwards.
 
 Nothing else: not the course directory, not the repository, not the instructor's home or
-environment (`--clearenv`; a minimal PATH and HOME). The command runs as a real unprivileged user
+environment (`--clearenv`; a minimal PATH and HOME), not the kernel's keyrings (a seccomp filter
+on every process refuses `add_key`, `request_key` and `keyctl`). The command runs as a real unprivileged user
 of its own (`UID_BASE` + slot, no capabilities, `no_new_privs`), so files only root may read
 (`/etc/shadow`) stay unreadable even where they are shown. No network, its own process namespace:
 every process it starts ends with it.
@@ -27,10 +28,12 @@ checked twice a second); the whole run ends after `seconds` of wall-clock time. 
 the exit status, the last 20 kB of stdout and stderr, and at most `output_bytes` from file
 descriptor 3 (a pipe: the only way a result leaves the sandbox).
 """
+import errno
 import fcntl
 import grp
 import itertools
 import os
+import platform
 import pwd
 import shutil
 import signal
@@ -41,6 +44,8 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from grader import no_threads
 
 # Sandbox slot k runs as uid and gid UID_BASE + k: far above the ranges that distributions give to
 # users, services and containers' subordinate ids; a uid some account has is skipped. A process
@@ -59,6 +64,11 @@ TAIL = 20_000
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 STOP = threading.Event()  # set: every sandbox running ends now (the grader was stopped)
 MEMORY_BYTES = 4 * 2**30  # the most a sandbox's whole tree may take (schedule.JOB_MEMORY sets it aside)
+# The kernel's keyrings belong to no namespace: bubblewrap and setpriv leave the sandbox holding the
+# grader's session keyring (readable, erasable), a uid's persistent keyring outlives the sandbox for
+# the next one of that uid, and request_key starts the host's helpers as root (red team 16: B07, B01,
+# B03). Every process of a sandbox is refused the three calls (add_key, request_key, keyctl).
+KEYRING_CALLS = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}
 
 
 @dataclass(frozen=True)
@@ -93,8 +103,14 @@ def problem() -> str | None:
     if os.geteuid() != 0:
         return ("grading must run as root: each sandbox runs as an unprivileged user of its own, "
                 "which only root can switch to")
-    probe = subprocess.run(wrapped(["/bin/true"], show=[], files={}, limits=Limits(10, 10), uid=UID_BASE),
-                           capture_output=True, text=True)
+    if platform.machine() not in KEYRING_CALLS:
+        return f"no seccomp filter for this machine ({platform.machine()}): x86_64 and aarch64 only"
+    seccomp = keyring_filter()
+    try:
+        probe = subprocess.run(wrapped(["/bin/true"], show=[], files={}, limits=Limits(10, 10), uid=UID_BASE,
+                                       seccomp_fd=seccomp), capture_output=True, text=True, pass_fds=(seccomp,))
+    finally:
+        os.close(seccomp)
     if probe.returncode != 0:
         return f"bubblewrap cannot create the sandbox here: {probe.stderr.strip()[:300]}"
     return None
@@ -104,9 +120,23 @@ def _parents(path: Path):
     return [p for p in reversed(path.parents) if p != Path("/")]
 
 
+def keyring_filter() -> int:
+    """A file descriptor (10 or above, inheritable) holding the filter that refuses the keyring calls,
+    for bubblewrap's --seccomp, which reads it whole; the caller closes it."""
+    machine = platform.machine()
+    read, write = os.pipe()
+    os.write(write, no_threads.refusing(machine, {number: errno.EPERM for number in KEYRING_CALLS[machine]}))
+    os.close(write)
+    fd = fcntl.fcntl(read, fcntl.F_DUPFD, 10)  # above the 3 that the result pipe is moved to
+    os.close(read)
+    os.set_inheritable(fd, True)
+    return fd
+
+
 def wrapped(command: list[str], *, show, files, limits: Limits, uid: int, cgroups=(), env=None,
-            result_fd: int | None = None) -> list[str]:
-    """The command line that runs `command` sandboxed (see the module's doc)."""
+            result_fd: int | None = None, seccomp_fd: int | None = None) -> list[str]:
+    """The command line that runs `command` sandboxed (see the module's doc); `seccomp_fd`: a
+    keyring_filter() for every process in it."""
     mounts, made = ["--ro-bind", "/usr", "/usr"], {Path("/usr")}
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         if os.path.islink(top):
@@ -132,6 +162,7 @@ def wrapped(command: list[str], *, show, files, limits: Limits, uid: int, cgroup
     bwrap = ["bwrap", *mounts, "--dev", "/dev", "--proc", "/proc",
              "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
              "--die-with-parent", "--new-session", "--clearenv",
+             *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
              *[a for k, v in environment.items() for a in ("--setenv", k, v)], "--chdir", "/tmp", "--"]
     drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
             "--inh-caps=-all", "--bounding-set=-all", "--"]
@@ -310,15 +341,20 @@ def run(command: list[str], *, show=(), files=None, limits: Limits, stdin: bytes
     cgroups = make_cgroups(limits)
     started = time.monotonic()
     pipes = {name: os.pipe() for name in ("result", "stdout", "stderr")}
+    seccomp = keyring_filter() if sandbox else None
     try:
         line = (wrapped(command, show=show, files=files or {}, limits=limits, uid=UID_BASE + slot,
-                        cgroups=cgroups.values(), env=env, result_fd=pipes["result"][1]) if sandbox
+                        cgroups=cgroups.values(), env=env, result_fd=pipes["result"][1], seccomp_fd=seccomp) if sandbox
                 else unsandboxed(command, limits=limits, cgroups=cgroups.values(), result_fd=pipes["result"][1]))
         environment = ({"PATH": "/usr/bin:/bin"} if sandbox else
                        {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", **(env or {})})
         process = subprocess.Popen(line,
             stdin=subprocess.PIPE, stdout=pipes["stdout"][1], stderr=pipes["stderr"][1],
-            pass_fds=(pipes["result"][1],), start_new_session=True, env=environment, cwd="/")
+            pass_fds=(pipes["result"][1], *([seccomp] if seccomp is not None else [])), start_new_session=True,
+            env=environment, cwd="/")
+        if seccomp is not None:
+            os.close(seccomp)
+            seccomp = None
         readers = {name: [] for name in pipes}
         seen = [started]
         threads = [threading.Thread(target=_drain, args=(read, keep, tail, readers[name],
@@ -359,6 +395,8 @@ def run(command: list[str], *, show=(), files=None, limits: Limits, stdin: bytes
         for read, write in pipes.values():  # only if it could not start
             os.close(read)
             os.close(write)
+        if seccomp is not None:
+            os.close(seccomp)
         remove_cgroups(cgroups)
         _release(slot)
 

@@ -409,6 +409,13 @@ try:
     found["wrote next to the script"] = True
 except OSError:
     found["wrote next to the script"] = False
+import ctypes, errno, platform  # the kernel's keyrings (red team 16): the session's, and a key of its own
+libc = ctypes.CDLL(None, use_errno=True)
+calls = {"x86_64": (248, 250), "aarch64": (217, 219)}[platform.machine()]
+session = libc.syscall(calls[1], 0, -3, 0)  # keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING)
+found["session keyring"] = errno.errorcode.get(ctypes.get_errno()) if session < 0 else session
+added = libc.syscall(calls[0], b"user", b"left-by-a-student", b"x", 1, -4)  # add_key(..., KEY_SPEC_USER_KEYRING)
+found["add_key"] = errno.errorcode.get(ctypes.get_errno()) if added < 0 else added
 print("SEEN " + json.dumps(found))
 """
 
@@ -443,6 +450,7 @@ def test_a_sandbox_shows_only_what_grading_needs_as_an_unprivileged_user(tmp_pat
     assert set(seen["/root"] or []) <= {p.relative_to("/root").parts[0] for p in shown if p.is_relative_to("/root")}
     assert not seen["wrote next to the script"]
     assert Path("/etc/shadow").exists() and not (tmp_path / "shown" / "written").exists()
+    assert seen["session keyring"] == seen["add_key"] == "EPERM", "the grader's keyrings, or a key for the next sandbox"
 
 
 FORKS = r"""

@@ -21,7 +21,7 @@ TMP_SEEN = ("import os\nseen = sorted(e for e in os.listdir('/tmp') if os.stat('
             "seen += open('/proc/sysvipc/shm').read().splitlines()[1:]\n"
             "def f():\n    return seen\n")
 LEAVES = ("import os, ctypes\nos.makedirs('/tmp/kept/inner')\nopen('/tmp/kept/inner/answers.py', 'w').write('x = 1')\n"
-          "os.chmod('/tmp/kept/inner', 0o500)\nos.chmod('/tmp/kept', 0o500)\nopen('/tmp/home/.pythonrc', 'w').write('')\n"
+          "os.chmod('/tmp/kept/inner', 0)\nos.chmod('/tmp/kept', 0o500)\nopen('/tmp/home/.pythonrc', 'w').write('')\n"
           "assert ctypes.CDLL(None).shmget(0, 2**20, 0o1600) >= 0\n"
           "def f():\n    return ['home']\n")
 # The batch's first process: the parent of the process that forks the parts (hidden_tests.students).
@@ -59,15 +59,34 @@ def test_a_student_who_ends_the_batch_leaves_the_students_after_them_to_runs_of_
 
 # Red team 15: what a student's process may change in the first one, which every later student of
 # the batch would inherit: a limit lowered (every later part failed), the session's nice value
+# (red team 15b), a scheduling slice (red team 16, B03: sched_setattr's runtime, Linux 6.12 on).
+SLICE = ("import ctypes, platform, struct\n"  # struct sched_attr: SCHED_OTHER, a 100 ms slice
+         "call = {'x86_64': 314, 'aarch64': 274}[platform.machine()]\n"
+         "attributes = struct.pack('=IIQiIQQQ', 48, 0, 0, 0, 0, 100_000_000, 0, 0)\n"
+         "assert ctypes.CDLL(None).syscall(call, PID, attributes, 0) == 0\n")
 CHANGES = {"a CPU-time limit": f"import resource\nresource.prlimit({FIRST}, resource.RLIMIT_CPU, (40, 40))\n",
            "the session's nice value": ("import ctypes\nctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable: its /proc files its own\n"
-                                        "open('/proc/self/autogroup', 'w').write('19')\n")}
+                                        "open('/proc/self/autogroup', 'w').write('19')\n"),
+           "a scheduling slice": SLICE.replace("PID", FIRST)}
+
+
+def kernel_keeps_a_slice() -> bool:
+    """Whether this kernel keeps a SCHED_OTHER slice that sched_setattr sets (EEVDF, Linux 6.12 on)."""
+    import subprocess
+    import sys
+    check = SLICE.replace("PID", "0") + ("got = ctypes.create_string_buffer(56)\n"  # sched_getattr
+                                          "ctypes.CDLL(None).syscall(call + 1, 0, got, 56, 0)\n"
+                                          "print(struct.unpack_from('=Q', got.raw, 24)[0])\n")
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    return out.returncode == 0 and out.stdout.strip() == "100000000"
 
 
 @pytest.mark.parametrize("change", CHANGES)
 def test_a_student_who_changes_the_first_process_ends_the_batch_there(tmp_path, change):
     if "autogroup" in CHANGES[change] and not os.path.exists("/proc/self/autogroup"):
         pytest.skip("this kernel has no autogroups")
+    if change == "a scheduling slice" and not kernel_keeps_a_slice():
+        pytest.skip("this kernel keeps no slice of a process's own (Linux 6.12 on)")
     library = library_copy([], tmp_path / "library")
     batch = runs.run_students(tmp_path / "batch", [job(TMP_SEEN), job(CHANGES[change] + TMP_SEEN), job(TMP_SEEN)],
                               5, library)
