@@ -798,6 +798,50 @@ def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
         f"doejane_late_123456_7890123_{ASSIGNMENT}_feedback.html", f"smithomar_223344_7890456_{ASSIGNMENT}_feedback.html"]
 
 
+@needs_sandbox
+@pytest.mark.skipif(postgres.problem() is not None, reason=f"no PostgreSQL here: {postgres.problem()}")
+def test_a_moodle_download_graded_by_two_shards_goes_back_as_moodle_takes_it(tmp_path, monkeypatch, capsys):
+    """Issue 47, the guide's path for a large class: a Moodle download collected, the assignment
+    prepared in PostgreSQL, two shards grading a student each, then the worksheet and the feedback
+    zip for Moodle, each step the guide's command."""
+    import csv
+    import zipfile
+
+    from grader.__main__ import main
+    monkeypatch.setenv(gradebook.SECRET_VARIABLE, "a-test-secret-of-at-least-32-characters")
+    course, scratch = fresh_course(tmp_path / "course"), fresh_course(tmp_path / "scratch")
+    fabricate.write_submission(scratch, ASSIGNMENT, "full", fabricate.solution_cells(ASSIGNMENT))
+    fabricate.write_submission(scratch, ASSIGNMENT, "blank", {})
+    ana = next(n for n in range(5501000, 5502000) if schedule.in_shard(f"ana_garcía_{n}", (1, 2)))
+    bo = next(n for n in range(5502000, 5503000) if schedule.in_shard(f"bo_lee_{n}", (2, 2)))
+    with zipfile.ZipFile(tmp_path / "moodle.zip", "w") as archive:
+        for folder, kind, name in ((f"Ana García_{ana}", "full", f"{ASSIGNMENT}.ipynb"),
+                                   (f"Bo Lee_{bo}", "blank", f"Copy of {ASSIGNMENT}.ipynb")):
+            archive.write(scratch / "submitted" / kind / ASSIGNMENT / f"{ASSIGNMENT}.ipynb",
+                          f"{folder}_assignsubmission_file_/{name}")
+    main(["collect", ASSIGNMENT, "--lms", "moodle", "--zip", str(tmp_path / "moodle.zip"), "--course", str(course)])
+    points = fabricate.test_points(ASSIGNMENT)
+    with postgres.Server() as server:
+        url = server.database("gradebook")
+        on = ["--course", str(course), "--db-url", url]
+        main(["prepare", ASSIGNMENT, *on])
+        for shard, pages in (("1/2", ["--no-feedback"]), ("2/2", [])):  # one page is enough for the zip's layout
+            main(["grade", ASSIGNMENT, *on, "--shard", shard, "--jobs", "1", "--timeout", "20", *pages])
+            assert "1 student graded in" in capsys.readouterr().err  # each shard its own student
+        main(["export", ASSIGNMENT, "--lms", "moodle", *on])
+        main(["pack-feedback", ASSIGNMENT, "--lms", "moodle", *on])
+        assert gradebook.scores(None, ASSIGNMENT, url) == {f"ana_garcía_{ana}": points,
+                                                           f"bo_lee_{bo}": {t: 0.0 for t in points}}
+    said = capsys.readouterr().out
+    with open(course / f"grades-{ASSIGNMENT}-moodle.csv", newline="", encoding="utf-8") as f:
+        rows = {r["Identifier"]: (r["Full name"], float(r["Grade"])) for r in csv.DictReader(f)}
+    assert rows == {f"Participant {ana}": ("Ana García", sum(points.values())), f"Participant {bo}": ("Bo Lee", 0.0)}
+    assert f"points out of {sum(points.values()):g}" in said
+    assert f"NO FEEDBACK for ana_garcía_{ana}" in said
+    names = zipfile.ZipFile(course / "feedback-upload" / f"{ASSIGNMENT}-feedback-moodle.zip").namelist()
+    assert [n.split("/")[0].split("_", 4)[:4] for n in names] == [["Bo Lee", str(bo), "assignfeedback", "file"]]
+
+
 @pytest.mark.parametrize("lms", ["canvas", "moodle"])
 def test_a_name_that_reads_as_a_formula_is_exported_inert(tmp_path, monkeypatch, lms):
     """Red team 45f, A04: a Moodle full name `=SUM(1+41)` went into the grade worksheet verbatim,
