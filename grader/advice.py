@@ -23,10 +23,9 @@ from grader.report import NOTE
 from grader.runs import bound_names, defined_names, parsed, used_names
 
 # The names an answer gets when graded without a cell defining them: grader/hidden_tests.py's
-# NOTEBOOK_HABITS and NOTEBOOK_MODULES (that file imports nothing of the grader's, nor this it:
+# NOTEBOOK_HABITS (that file imports nothing of the grader's, nor this it:
 # tests/test_feedback_messages.py checks that the two lists agree).
-RUNNER_GIVES = frozenset({"display", "input", "get_ipython", "math", "np", "numpy", "torch", "nn", "F", "plt",
-                          "copy", "random", "time"})
+RUNNER_GIVES = frozenset({"display", "input", "get_ipython"})
 UNDEFINED = re.compile(r"NameError: name '([A-Za-z_][A-Za-z0-9_]*)' is not defined")
 EARLIER = "; before it, "      # grader/hidden_tests.py: the cells that raised, after the part's own failure
 

@@ -16,8 +16,8 @@ of its own, and the result is a list of records, one per secret. The child runs 
 run in one, the test cell in the other, which receives only the names the exercise asks for
 (`names`), so nothing an answer cell rebinds (`grading`, `torch`, ...) reaches the tests. The
 answer cells run as the notebook ran them: help lines (`name?`) are comments (grader/notebooks.py),
-`display` and `input` exist, so do the modules a notebook habitually imports (`math`, `np`,
-`torch`, ...: NOTEBOOK_MODULES, as a student's own import cell made them), and an answer cell that
+`display` and `input` exist (a module exists only where a cell of the job imports it, as in the
+notebook: student walkthrough 48g, D4), and an answer cell that
 raises (a try-out line that used something of the notebook's outside the answer cells) does not
 stop the part: what it defined is tested,
 and the failure message names the cell. The tests' random generators start as the set-up cell
@@ -42,7 +42,6 @@ then says why, and carries "refused" (a review flag).
 """
 import __future__
 import ast
-import copy  # noqa: F401  (imported before any student code: NOTEBOOK_MODULES)
 import ctypes
 import json
 import math  # noqa: F401  (imported before any student code, as the tests expect)
@@ -124,21 +123,6 @@ NOTEBOOK_HABITS = {"display": lambda *objects, **options: None, "input": lambda 
                    "get_ipython": lambda: SHELL}
 SHELL = Shell()
 
-# The modules a notebook habitually imports, under their habitual names: an answer cell may use
-# them without importing them itself, as a student's own `import math` cell (which grading does not
-# run: only answer cells run) made them there (red team 45c, A05a). Each is already imported by this
-# process before any student code: giving the name runs nothing. A name the set-up cell defines
-# keeps the set-up cell's value.
-NOTEBOOK_MODULES = {"math": "math", "np": "numpy", "numpy": "numpy", "torch": "torch", "nn": "torch.nn",
-                    "F": "torch.nn.functional", "plt": "matplotlib.pyplot", "copy": "copy", "random": "random",
-                    "time": "time"}
-
-
-def notebook_modules() -> dict:
-    """NOTEBOOK_MODULES's names and modules, those this process imported (matplotlib may be missing)."""
-    return {name: sys.modules[module] for name, module in NOTEBOOK_MODULES.items() if module in sys.modules}
-
-
 def rng_state() -> tuple:
     import random
     return (random.getstate(), numpy.random.get_state(), torch.get_rng_state(),
@@ -172,8 +156,6 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
         answers = {"__name__": "__main__"}
         exec(compile(job["setup"], "<set-up cell>", "exec"), answers)
         answers.update(NOTEBOOK_HABITS)
-        for name, module in notebook_modules().items():
-            answers.setdefault(name, module)
         random_state = rng_state()  # as the set-up cell left it
         forbid_threads(guard_fd)
         for cell_id, source in part["cells"]:

@@ -434,6 +434,25 @@ def recovered(submission: dict, release: dict) -> tuple[dict, int]:
     return nb, count
 
 
+OWN_SETUP = "# your set-up cell as you changed it: the one above runs as handed out"
+
+
+def setup_kept(notebook: dict, release: dict) -> dict:
+    """`notebook` with, right after its set-up cell, a code cell of the student's own holding that
+    cell as they changed it. nbgrader's autograde puts a locked cell back as handed out, so the
+    feedback run ran without the change (an `import math` added there) that the hidden tests run
+    with: the page showed a NameError under a part graded full (student walkthrough 48g, D2)."""
+    released = next((source_text(c) for c in release["cells"] if grade_id(c) == "setup"), None)
+    cells = []
+    for cell in notebook["cells"]:
+        cells.append(cell)
+        if (released is not None and grade_id(cell) == "setup" and cell.get("cell_type") == "code"
+                and source_text(cell).strip() != released.strip()):
+            cells.append({"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                          "source": f"{OWN_SETUP}\n{source_text(cell)}"})
+    return {**notebook, "cells": cells}
+
+
 def normalised(submission: dict, release: dict) -> dict:
     """The submission with each released cell's nbgrader metadata as released, on the first cell
     that carries its grade_id; removed from duplicates and from cells that never had any."""

@@ -193,6 +193,30 @@ def as_released(code: str) -> str:
     return "\n".join(line.rstrip() for line in code.replace("\r\n", "\n").replace("\r", "\n").split("\n")).strip()
 
 
+def own_statements(code: str, released: set[str]) -> str:
+    """An example cell the student changed (the set-up cell with an import added), read for what
+    the student wrote: its top-level statements that no released cell holds (`released`: their
+    `ast.dump`s). Otherwise the set-up cell's own library imports flagged a part whose answer used
+    none (student walkthrough 48g, D3). Code that does not parse is read whole."""
+    try:
+        with PARSING:
+            body = ast.parse(without_magics(code)).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return code
+    return "\n".join(ast.unparse(node) for node in body if ast.dump(node) not in released)
+
+
+def released_statements(source: dict) -> set[str]:
+    found = set()
+    for cell in source["cells"]:
+        if cell.get("cell_type") == "code":
+            try:
+                found |= {ast.dump(node) for node in ast.parse(without_magics(source_text(cell))).body}
+            except SyntaxError:
+                pass
+    return found
+
+
 def review_flags(submission: dict, source: dict | None = None) -> dict[str, list[str]]:
     """{part: [why to read it]} for answer cells that touch the runner, the system or the libraries
     (parsed, never run): frames, /proc, processes, links, databases, code objects, assignments to
@@ -201,7 +225,9 @@ def review_flags(submission: dict, source: dict | None = None) -> dict[str, list
     flags: dict[str, set] = {}
     if source is not None:  # the notebook's own example cells as released are the instructor's, not read
         released = {as_released(without_magics(source_text(c))) for c in source["cells"] if c.get("cell_type") == "code"}
-        cells = [(name, code) for name, code in student_code(submission, source)
+        statements = released_statements(source)
+        cells = [(name, own_statements(code, statements) if example(name) else code)
+                 for name, code in student_code(submission, source)
                  if not (example(name) and as_released(code) in released)]
     else:
         cells = [(grade_id(c), source_text(c)) for c in submission["cells"]

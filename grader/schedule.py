@@ -48,7 +48,7 @@ from grader.gradebook import (create_graded_table, db_url, graded_records, grade
                               instructor_secret, record, register, registered, stored_flags, submission_fingerprint,
                               submitters, without_password)
 from grader.notebooks import (files_note, grade_id, normalised, part_of, read_notebook, read_submission, recovered,
-                              source_text, student_code, submission_files, uploaded_as)
+                              setup_kept, source_text, student_code, submission_files, uploaded_as)
 from grader.report import one_line, plural
 from grader.review_flags import ANSWER_CHARS, review_flags
 from grader.withheld import declared, library_copy
@@ -297,8 +297,8 @@ def grade_student(course, assignment, student, template, source, release, secret
     with tempfile.TemporaryDirectory(prefix=f"grading-{assignment}-") as scratch:
         ran, note = submission, renamed
         if execute:
-            run, why = run_feedback(Path(scratch) / "feedback", template, normalised(submission, release), assignment,
-                                    timeout, sandbox)
+            run, why = run_feedback(Path(scratch) / "feedback", template, setup_kept(normalised(submission, release), release),
+                                    assignment, timeout, sandbox)
             if why:
                 note = "; ".join(filter(None, [renamed, f"its notebook run {why}; the feedback shows it as submitted"]))
             else:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-from grader import collect, fabricate, feedback, gradebook, runs, schedule  # noqa: E402
+from grader import collect, fabricate, feedback, gradebook, notebooks, runs, schedule  # noqa: E402
 from tests import browser, postgres  # noqa: E402
 
 CHROMIUM = browser.find_chromium()
@@ -743,7 +743,14 @@ def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
     course = fresh_course(tmp_path / "course")
     release = (course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text()
     scratch = fresh_course(tmp_path / "scratch")
-    fabricate.write_submission(scratch, ASSIGNMENT, "full", fabricate.solution_cells(ASSIGNMENT))
+    full = fabricate.solution_cells(ASSIGNMENT)
+    setup = next(notebooks.source_text(c) for c in notebooks.read_notebook(
+        course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb")["cells"] if notebooks.grade_id(c) == "setup")
+    # Jane's import in the set-up cell, which her Part 1 uses: graded with it, and her page ran it
+    # too (student walkthrough 48g, D2: the feedback run put the set-up cell back as handed out)
+    full = {**full, "setup": setup + "\nfrom math import pi as PI_OF_MY_SETUP\n",
+            "p1_solution": "assert PI_OF_MY_SETUP > 3\n" + full["p1_solution"]}
+    fabricate.write_submission(scratch, ASSIGNMENT, "full", full)
     fabricate.write_submission(scratch, ASSIGNMENT, "blank", {})
     with zipfile.ZipFile(tmp_path / "submissions.zip", "w") as archive:
         for login, kind, name in (("doejane_late_123456_7890123", "full", f"{ASSIGNMENT}.ipynb"),
@@ -778,6 +785,8 @@ def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
     assert '<a href="#p1_tests">Part 1</a> (Score:' in page and "Tests of Part 1" in page
     assert "cdnjs" not in page and "x-mathjax-config" not in page and "<script" not in page  # nothing loads (C5)
     assert "2⁻²⁵" in page and "$2^{-25}$" not in page  # maths readable offline, without MathJax
+    janes = (course / "feedback-upload" / ASSIGNMENT / f"doejane_123456_{ASSIGNMENT}.html").read_text()
+    assert "NameError" not in janes and notebooks.OWN_SETUP.split(":")[0] in janes
     if CHROMIUM:  # as a student sees it, offline: the verdict not cut, the code as written, no line cut
         seen = in_the_browser(course / "feedback-upload" / ASSIGNMENT / f"smithomar_223344_{ASSIGNMENT}.html")
         assert seen["verdicts"] and not any(seen["verdicts"]), "a verdict scrolls sideways"

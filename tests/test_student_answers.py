@@ -534,6 +534,18 @@ def test_review_flags_read_the_cells_a_student_adds():
     assert "reads the call stack" in review_flags.review_flags(windows(submission), source)["p3"]
 
 
+def test_a_changed_set_up_cell_is_read_for_what_the_student_added_only():
+    """Student walkthrough 48g, D3: `import math` added to ex1's set-up cell flagged Part 1 "uses
+    the course library", for the set-up cell's own `from mpcourse import ...` lines."""
+    name = "ex1_precision_comparison"
+    source = notebooks.read_notebook(ROOT / "solutions" / name / f"{name}.ipynb")
+    setup = next(notebooks.source_text(c) for c in source["cells"] if notebooks.grade_id(c) == "setup")
+    assert "from mpcourse" in setup
+    assert review_flags.review_flags(with_cells(name, {"setup": "import math\n" + setup}, []), source) == {}
+    stack = with_cells(name, {"setup": setup + "\nimport inspect\nframe = inspect.currentframe()\n"}, [])
+    assert "reads the call stack" in review_flags.review_flags(stack, source)["p1"]
+
+
 def test_honest_notebook_habits_in_an_answer_cell_keep_their_points():
     solution = fabricate.solution_cells("ex2_loss_scaling")["p1_solution"]
     habits = solution + ("\n\ntorch.nextafter?\n?torch.finfo\ntorch.float16??  # the docs\n"
@@ -758,22 +770,23 @@ def test_a_future_import_holds_for_the_statements_and_cells_after_it_as_in_a_not
     assert not without["passed"] and "NameError" in without["message"]  # the control: the import is what matters
 
 
-def test_modules_a_notebook_habitually_imports_reach_the_answer_cells():
-    """Red team 45c, A05a: `import math` in a cell of the student's own (grading ran answer cells
-    only, then) made Part 3's `math.isfinite` a NameError: 0 of 2 for a right answer. The habitual
-    modules are there even where no cell of the job imports them."""
-    answer = "def f(x):\n    return math.sqrt(x) + np.float64(1) + float(F.relu(torch.tensor(-1.0))) + copy.copy(2)\n"
-    assert run_job("import torch\n", [["p2_solution", answer]], "assert f(4.0) == 5.0\n", ["f"])["passed"]
-    # the set-up cell's own binding of a habitual name wins
-    setup = "import torch\nF = 'from the set-up cell'\n"
-    assert run_job(setup, [["p2_solution", "def f():\n    return F\n"]], "assert f() == 'from the set-up cell'\n",
-                   ["f"])["passed"]
-    # ex1 end to end: the set-up cell imports no math
+def test_a_module_reaches_the_answer_cells_where_a_cell_imports_it_as_in_the_notebook():
+    """Student walkthrough 48g, D4: grading gave `math`, `np`, `torch`, ... to every answer cell, so
+    a forgotten import that failed the part in the notebook (no tick) scored full marks. (Red team
+    45c, A05a, had asked for them when a student's own `import math` cell did not run; it runs now.)"""
+    answer = "def f(x):\n    return math.sqrt(x)\n"
+    without = run_job("import torch\n", [["p2_solution", answer]], "assert f(4.0) == 2.0\n", ["f"])
+    assert not without["passed"] and "name 'math' is not defined" in without["message"]
+    assert run_job("import torch\n", [["p2_added (code cell 3)", "import math\n"], ["p2_solution", answer]],
+                   "assert f(4.0) == 2.0\n", ["f"])["passed"]
+    # ex1 end to end: the set-up cell imports no math; the student's own cell above Part 3 does
     solution = fabricate.solution_cells("ex1_precision_comparison")["p3_solution"]
     answer = solution.replace("np.all(np.isfinite(n)) and np.all(np.isfinite(e))",
                               "all(math.isfinite(v) for v in n) and all(math.isfinite(v) for v in e)").replace("np.exp(", "math.exp(")
     assert "math.isfinite" in answer and "math.exp(" in answer
     verdicts, _ = run("ex1_precision_comparison", {"p3_solution": answer}, only="p3")
+    assert not verdicts["p3_tests"]["passed"] and "math" in verdicts["p3_tests"]["message"]
+    verdicts, _ = run("ex1_precision_comparison", {"p3_solution": "import math\n" + answer}, only="p3")
     assert verdicts["p3_tests"]["passed"], verdicts["p3_tests"]
     # A cell the student added above Part 1's test cell now runs with Part 1 (issue 48, item 1), and
     # the runner still gives no answer a name that no cell of the job defines
