@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 import mpcourse
 
@@ -20,6 +21,8 @@ import release  # noqa: E402
 import sync_colab_cells  # noqa: E402
 
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+RELEASED = sync_colab_cells.released(ROOT)  # what the notebooks install and Colab opens
+DEVELOPMENT = re.compile(r"(\d+\.\d+\.\d+)\.dev\d+")
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 BIN = Path(sys.executable).parent
 
@@ -34,26 +37,29 @@ def install_cells(root: Path) -> dict[str, str]:
     return cells
 
 
-def test_the_version_is_semantic_and_the_package_reports_it():
-    assert release.SEMVER.fullmatch(VERSION), VERSION
+def test_the_version_is_a_release_or_the_development_after_it_and_the_package_reports_it():
+    """Issue 48, item 5: after a release main says it is ahead of it (x.y.(z+1).dev0)."""
+    assert VERSION == RELEASED or (DEVELOPMENT.fullmatch(VERSION) and release.parse(
+        DEVELOPMENT.fullmatch(VERSION).group(1)) > release.parse(RELEASED)), (VERSION, RELEASED)
     assert mpcourse.__version__ == VERSION
 
 
 def test_the_students_page_names_the_version_the_notebooks_install():
     page = (ROOT / release.STUDENTS_PAGE).read_text()
-    assert f"**version {VERSION}** (the\n  repository's tag `v{VERSION}`)" in page
+    assert f"**version {RELEASED}** (the\n  repository's tag `v{RELEASED}`)" in page
 
 
-def test_every_install_cell_the_package_and_the_changelog_agree():
+def test_every_install_cell_and_colab_button_the_last_release():
+    """The notebooks install the newest release of CHANGELOG.md, and the book's Colab buttons open
+    the notebooks at its tag (issue 48, item 5: they opened main, ahead of what they install)."""
     changelog = (ROOT / "CHANGELOG.md").read_text()
     assert "## [Unreleased]" in changelog
-    assert release.latest_changelog_version(changelog) == VERSION, (
-        "CHANGELOG.md's newest entry is not the version in pyproject.toml")
     cells = install_cells(ROOT)
     assert len(cells) >= len(sync_colab_cells.notebooks()), "a notebook has no Colab set-up cell"
     for path, source in cells.items():
         pins = re.findall(r"git\+\S+@v(\d+\.\d+\.\d+)", source)
-        assert pins == [VERSION], f"{path} installs {pins or 'an unpinned mpcourse'}, not v{VERSION}"
+        assert pins == [RELEASED], f"{path} installs {pins or 'an unpinned mpcourse'}, not v{RELEASED}"
+    assert yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["branch"] == f"v{RELEASED}"
 
 
 # Keep a Changelog's sections that change what a user of the library or the exercises calls.
@@ -97,18 +103,24 @@ def test_a_release_moves_the_version_the_changelog_and_the_notebooks_together(tm
         release.bump(tmp_path, "99.0.0", datetime.date(2030, 1, 2))
     changelog.write_text(changelog.read_text().replace(
         "## [Unreleased]\n", "## [Unreleased]\n\n### Fixed\n- a test entry\n", 1))
-    for bad, message in (("1.2", "semantic version"), (VERSION, "not newer")):
+    for bad, message in (("1.2", "semantic version"), (RELEASED, "not newer")):
         with pytest.raises(SystemExit, match=message):
             release.bump(tmp_path, bad, datetime.date(2030, 1, 2))
 
     release.bump(tmp_path, "99.0.0", datetime.date(2030, 1, 2))
-    assert sync_colab_cells.version(tmp_path) == "99.0.0"
+    assert sync_colab_cells.version(tmp_path) == sync_colab_cells.released(tmp_path) == "99.0.0"
     text = changelog.read_text()
     assert release.latest_changelog_version(text) == "99.0.0"
     assert "## [Unreleased]\n\n## [99.0.0] - 2030-01-02\n\n### Fixed\n- a test entry" in text
-    assert f"## [{VERSION}]" in text  # older entries are kept
+    assert f"## [{RELEASED}]" in text  # older entries are kept
     assert all("@v99.0.0" in source for source in install_cells(tmp_path).values())
     assert "**version 99.0.0** (the\n  repository's tag `v99.0.0`)" in (tmp_path / release.STUDENTS_PAGE).read_text()
+    assert yaml.safe_load((tmp_path / "_config.yml").read_text())["repository"]["branch"] == "v99.0.0"
+    # then main moves on; the notebooks and the buttons stay on the release
+    release.set_version(tmp_path, release.next_development("99.0.0"))
+    assert sync_colab_cells.version(tmp_path) == "99.0.1.dev0" and sync_colab_cells.released(tmp_path) == "99.0.0"
+    assert not [p for p in sync_colab_cells.notebooks(tmp_path) if sync_colab_cells.stale(
+        p, sync_colab_cells.setup_cell_source(tmp_path))]
 
 
 @pytest.mark.parametrize("workflow", WORKFLOWS, ids=lambda p: p.name)

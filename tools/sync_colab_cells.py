@@ -1,14 +1,16 @@
 """Write the Colab set-up cell of each book notebook and exercise source from the repository URL
-in _config.yml and the version in pyproject.toml (then `make exercises` carries it into the
-released exercises).
+in _config.yml and the newest release in CHANGELOG.md (then `make exercises` carries it into the
+released exercises). Between two releases pyproject.toml holds the next development version
+(`x.y.z.dev0`), and the cells keep installing the last release.
 
 The set-up cell is the code cell tagged `colab-setup`. On Colab it installs `mpcourse` from the
-repository at the release tag `v<version>`, so a notebook opened in week 2 and again in week 9
+repository at the release tag `v<released>`, so a notebook opened in week 2 and again in week 9
 runs the same library, without touching Colab's own torch (the package asks only for a lower bound
 on torch); locally, where `mpcourse` is installed, it does nothing. Run with --check to only
 report stale cells. `make release` (tools/release.py) runs this after changing the version.
 """
 import json
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -20,7 +22,19 @@ TAG = "colab-setup"
 
 
 def version(root: Path = ROOT) -> str:
+    """pyproject.toml's version: a release's, or the development version after it."""
     return tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+
+
+def latest_changelog_version(changelog: str) -> str | None:
+    """The version of the newest released entry ("## [x.y.z] - date"), "Unreleased" left out."""
+    found = re.search(r"^## \[(\d+\.\d+\.\d+)\]", changelog, re.MULTILINE)
+    return found.group(1) if found else None
+
+
+def released(root: Path = ROOT) -> str:
+    """The newest release (CHANGELOG.md), which the notebooks install and Colab opens."""
+    return latest_changelog_version((root / "CHANGELOG.md").read_text())
 
 
 def setup_cell_source(root: Path = ROOT) -> str:
@@ -30,7 +44,7 @@ def setup_cell_source(root: Path = ROOT) -> str:
         "try:\n"
         "    import mpcourse\n"
         "except ImportError:\n"
-        f'    %pip install --quiet "mpcourse @ git+{url}@v{version(root)}"'
+        f'    %pip install --quiet "mpcourse @ git+{url}@v{released(root)}"'
     )
 
 
