@@ -55,8 +55,9 @@ def grade_course(folder: Path, assignment: str, timeout: int, sandbox: bool, **o
     for student, why in sorted(pageless.items()):
         print(one_line(f"  NO FEEDBACK PAGE for {student} (their grade is written): {why}"))
     if not report.feedback and graded:
-        print(f"  feedback NOT rebuilt (--no-feedback): the pages in {folder / 'feedback'} are those of an earlier "
-              "run, and may show earlier scores; grade without --no-feedback to rebuild them")
+        print(f"  feedback NOT rebuilt (--no-feedback): the earlier pages of the students graded were removed from "
+              f"{folder / 'feedback'} (they showed an earlier grade), so pack-feedback names them NO FEEDBACK; grade "
+              "them again without --no-feedback (--regrade) to make new ones")
     elif graded:
         print(f"  feedback in {folder / 'feedback'}/<student>/{assignment}/")
 
@@ -91,8 +92,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--regrade", action="store_true",
                         help="grade: the students who already have a grade too (otherwise a rerun grades only the others)")
     parser.add_argument("--no-feedback", action="store_true",
-                        help="grade: skip the notebook run for the feedback (grades only, quick); the feedback "
-                             "pages of an earlier run stay as they are")
+                        help="grade: skip the notebook run for the feedback (grades only, quick); the earlier "
+                             "feedback pages of the students graded are removed")
     parser.add_argument("--shard", default=None, metavar="K/N",
                         help="grade: this machine's share of N (the students whose int(sha256(id), 16) %% N == K-1), "
                              "into a shared gradebook that `prepare` made")

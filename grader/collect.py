@@ -43,6 +43,7 @@ PostgreSQL) is shortened the same way on every run (`gradebook_id`) and named in
 """
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -58,7 +59,7 @@ from grader.course import BIN, ROOT
 from grader.gradebook import STUDENT_ID_CHARS
 from grader.notebooks import (AGAIN, LMS_FILE, NOTEBOOK_BYTES, as_handed_out, handed_out_among, read_notebook,
                               read_regular)
-from grader.report import one_line, plural, printable
+from grader.report import one_line, plural, printable, text_of
 
 CANVAS = re.compile(r"^(?P<person>[\w.\-]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<file>\d+)_(?P<name>.+)$",
                     re.I)  # \w: a name may hold any letter (müllerjürgen)
@@ -131,11 +132,11 @@ def canvas(relative: Path) -> dict | None:
         return None
     match = {group: name[match.start(group):match.end(group)] if match[group] is not None else None
              for group in ("person", "late", "user", "file", "name")} | {"name_at": match.start("name")}
-    if ambiguous(name, CANVAS_FIELDS):
-        return {"student_id": None, "ambiguous": relative.name}
     # Canvas itself keeps only word characters; a name that starts with `-` or `.` (an option to a
     # command, a hidden folder) is read without them, as Moodle's is: the user id keeps it one student.
     student = f"{match['person'].lower().lstrip('.-')}_{match['user']}"
+    if ambiguous(name, CANVAS_FIELDS):  # refused; its "owner", the first student it reads as, read as above
+        return {"student_id": None, "ambiguous": relative.name, "owner": gradebook_id(student)}
     return {"student_id": gradebook_id(student), "lms_id": student, "late": bool(match["late"]),
             "order": (upload_number(match["name"]), int(match["file"])),
             "user": match["user"], "name": match["person"], "prefix": name[:match["name_at"]],
@@ -160,8 +161,9 @@ def moodle(relative: Path) -> dict | None:
     the download, the file's own name. A file in a folder whose own name claims another student
     is refused: {"claims": that student}."""
     own = MOODLE.match(relative.name)
-    if any(ambiguous(part, MOODLE_FIELDS) for part in relative.parts[:2]):
-        return {"student_id": None, "ambiguous": str(relative)}
+    if any(ambiguous(part, MOODLE_FIELDS) for part in relative.parts[:2]):  # refused; "owner": the first student read
+        first = MOODLE.match(relative.parts[0])
+        return {"student_id": None, "ambiguous": str(relative), "owner": first and gradebook_id(moodle_student(first))}
     if len(relative.parts) > 1:
         folder = MOODLE.match(relative.parts[0])
         if not folder or folder["name"]:
@@ -235,11 +237,27 @@ def release_of(course: Path, assignment: str) -> dict | None:
         return None
 
 
+class OneLineLog(logging.Filter):
+    """Each record of nbgrader's zip_collect log as one line (`one_line`): nbgrader logs the files'
+    names as they are (`Parsing file: ...`, `Copying from: ...`), and a name holding a newline
+    forged `LATE:` lines about a classmate in collect's summary (red team 16c, A07)."""
+    def filter(self, record):
+        record.msg, record.args = one_line(record.getMessage()), ()
+        return True
+
+
 class LatestNotebookCollector(FileNameCollectorPlugin):
     """Collects each student's latest notebook under the assignment's own name; `parse` reads a
-    file's path (relative to the extracted folder)."""
+    file's path (relative to the extracted folder). Made before nbgrader extracts or collects a
+    file: from then on, its log (the app's) is one line a record (`OneLineLog`)."""
     parse = staticmethod(canvas)
     index = None  # (the extracted folder, {student: their latest notebook}, the release), made once per run
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        log = getattr(self.log, "logger", self.log)
+        if not any(isinstance(f, OneLineLog) for f in log.filters):
+            log.addFilter(OneLineLog())
 
     def latest(self, extracted: Path) -> dict[str, tuple[str, dict]]:
         """{student: (the path of their latest notebook, what its name says)} over the whole download,
@@ -354,8 +372,9 @@ TOO_MANY = (f"one notebook too many: at most {NOTEBOOKS_PER_STUDENT} notebooks, 
 def unpack(download: Path, into: Path, parse=None) -> dict[str, str]:
     """The download's notebooks copied under `into`, at the paths the LMS gave them, at most
     NOTEBOOKS_PER_STUDENT and BYTES_PER_STUDENT of one student's (whose: `parse`, the LMS's
-    reading of a path; a name it reads as no one's counts for its top folder). Returns {each file
-    left out: why}: nothing in a student's upload can stop the others'."""
+    reading of a path; the names it refuses count for their owner, apart; a name it reads as no
+    one's for its top folder). Returns {each file left out: why}: nothing in a student's upload can
+    stop the others'."""
     skipped, read = {}, {}
     for name, size, opened in members(download):
         relative = PurePosixPath(name)
@@ -363,8 +382,10 @@ def unpack(download: Path, into: Path, parse=None) -> dict[str, str]:
                else "a link" if download.is_dir() and (download / name).is_symlink()
                else "not a notebook (an archive is never opened)" if relative.suffix != ".ipynb"
                else f"larger than {NOTEBOOK_BYTES // 2**20} MB" if size > NOTEBOOK_BYTES else None)
-        info = parse(Path(name)) if parse and why is None else None
-        whose = (info or {}).get("student_id") or (relative.parts[0] if len(relative.parts) > 1 else "")
+        info = (parse(Path(name)) if parse and why is None else None) or {}
+        # a refused name counts for its owner, apart from their notebooks, never with no one's (red team 16c, A01)
+        whose = (info.get("student_id") or (info.get("owner") and (info["owner"], "refused"))
+                 or (relative.parts[0] if len(relative.parts) > 1 else ""))
         count, total = read.get(whose, (0, 0))
         if why is None and (count >= NOTEBOOKS_PER_STUDENT or total + size > BYTES_PER_STUDENT):
             why = TOO_MANY
@@ -416,7 +437,8 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
         return info.get("student_id") if info else None
 
     logged = [counted(line.split("] ", 1)[-1]) for line in log.split("\n")
-              if ("LATE:" in line or "LONG ID:" in line or "skipped" in line.lower())
+              if line.split("] ", 1)[0].endswith("| WARNING")  # ours: never nbgrader's `Parsing file: <name>`
+              and ("LATE:" in line or "LONG ID:" in line or "skipped" in line.lower())
               and "Skipped submission with no match information" not in line]  # nbgrader's, after each of ours
     print_notes([(whose(name), f"skipped {name}: {why}") for name, why in skipped.items()] +
                 [(line.split(": skipped ", 1)[0] if ": skipped " in line and " " not in line.split(": skipped ", 1)[0]
@@ -431,13 +453,13 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
     chosen = latest_uploads(archive, parse, release=release_of(course, assignment))
     remember(course, assignment, lms, {student: upload for student, upload in chosen.items() if student in students})
     print_same_user(course, assignment, lms)
-    uploaders = {info["student_id"] for name in skipped if (info := parse(Path(name))) and info["student_id"]}
-    for student in sorted(uploaders - set(students)):  # e.g. a notebook handed in zipped
+    uploaders = {info.get("student_id") or info.get("owner") for name in skipped if (info := parse(Path(name)))} - {None}
+    refused = refused_owners(archive, parse)
+    for student in sorted(uploaders - set(students) - set(refused)):  # e.g. a notebook handed in zipped
         print(one_line(f"  NOT COLLECTED {student}: uploaded files, none of them a notebook (see the skipped lines): "
                         "ask them for the .ipynb, or put it in submitted/ by hand"))
-    refused = refused_owners(archive, parse)
     for student, files in sorted(refused.items()):
-        if student not in students and student not in uploaders:
+        if student not in students:
             print(one_line(f"  NOT COLLECTED {student}: their only notebook(s) were refused ({'; '.join(files)}): "
                             f"if one is theirs, put it in submitted/{student}/{assignment}/{assignment}.ipynb by hand"))
     for student in sorted((uploaders | set(refused)) & set(students) - set(chosen)):
@@ -528,12 +550,9 @@ def refused_owners(archive: Path, parse) -> dict[str, list[str]]:
             continue
         if "claims" in info:
             owners.setdefault(info["student_id"], []).append(f"{relative.as_posix()}: named as {info['claims']}'s upload")
-        elif "ambiguous" in info:
-            first = CANVAS.match(relative.name) if parse is canvas else MOODLE.match(relative.parts[0])
-            if first:
-                student = (f"{first['person'].lower()}_{first['user']}" if parse is canvas else moodle_student(first))
-                owners.setdefault(gradebook_id(student), []).append(
-                    f"{relative.as_posix()}: its name reads as more than one student's upload")
+        elif info.get("owner"):  # read by `parse` as it reads a collected name's student (red team 16c, A02)
+            owners.setdefault(info["owner"], []).append(f"{relative.as_posix()}: its name reads as more than one "
+                                                        "student's upload")
     return owners
 
 
@@ -562,7 +581,7 @@ def remember(course: Path, assignment: str, lms: str, uploads: dict[str, tuple[P
     here = {p.parent.name for p in (course / "submitted").glob(f"*/{assignment}")}
     students = {s: entry for s, entry in students.items() if s in here}  # a submission moved out: forgotten
     for student, (relative, info) in uploads.items():
-        students[student] = {"lms_id": info["lms_id"], "user": info["user"], "name": info["name"],
+        students[student] = {"lms_id": info["lms_id"], "user": info["user"], "name": text_of(info["name"]),
                              "file": relative.as_posix(), "late": info["late"], "uploaded": info["uploaded"],
                              "sha256": sha256_of(course / "downloaded" / assignment / "archive" / relative),
                              **({"prefix": info["prefix"]} if "prefix" in info else {})}

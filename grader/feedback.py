@@ -22,7 +22,7 @@ from pathlib import Path
 from grader import feedback_page
 from grader.course import ROOT, nbgrader
 from grader.notebooks import grade_id, normalised, part_of, source_text
-from grader.report import CUT, NOTE, plural, shortened
+from grader.report import CUT, NOTE, one_line, plural, shortened
 
 OUTPUT_CHARS = 1_000_000          # the feedback's outputs, all cells together
 # The student's own text in the feedback page: nbgrader renders it outside every sandbox and limit,
@@ -307,6 +307,12 @@ def chosen(students, only: list[str] | None, assignment: str):
         [s for s in students if s in only]
 
 
+# A student without a page of their current grade: `grade --no-feedback` removes the page of the
+# grade before (grader/gradebook.py, `record`; red team 16c, A08: the old page was packed as current).
+NO_PAGE = ("  NO FEEDBACK for {student}: no page of their current grade (not graded yet, or graded with "
+           "--no-feedback, which removes the earlier page): python -m grader grade {assignment} --regrade --student {student}")
+
+
 def pack_feedback(course: Path, assignment: str, out: Path, url: str | None = None,
                   only: list[str] | None = None) -> list[Path]:
     """Each student's feedback page, for upload to an LMS without nbgrader's exchange: copied to
@@ -332,7 +338,7 @@ def pack_feedback(course: Path, assignment: str, out: Path, url: str | None = No
     with zipfile.ZipFile(out / f"{assignment}-feedback.zip", "w", zipfile.ZIP_DEFLATED) as archive:
         for page in pages:
             archive.write(page, page.name)
-    print(f"{plural(len(pages), 'feedback page')} in {folder}/ and {out / f'{assignment}-feedback.zip'}")
+    print(one_line(f"{plural(len(pages), 'feedback page')} in {folder}/ and {out / f'{assignment}-feedback.zip'}"))
     for student in missing:
-        print(f"  NO FEEDBACK for {student}: grade the assignment first (python -m grader grade {assignment})")
+        print(one_line(NO_PAGE.format(student=student, assignment=assignment)))
     return pages

@@ -241,9 +241,10 @@ def instructor_secret(course: Path) -> str:
 
 def record(gradebook, course, assignment, student, result, points, release, report, *, secrets, hidden_lines,
            feedback=True, fingerprint=None):
-    """Write one student's points to the gradebook, their feedback notebook to autograded/ (unless
-    not `feedback`: the one there stays) and what the instructor must know to `report`; their review
-    flags and the submission's fingerprint with the grade, in one transaction (`write_grades`).
+    """Write one student's points to the gradebook (their page in feedback/, of the grade before,
+    removed first), their feedback notebook to autograded/ (unless not `feedback`: the one there
+    stays) and what the instructor must know to `report`; their review flags and the submission's
+    fingerprint with the grade, in one transaction (`write_grades`).
     `fingerprint`: submission_fingerprint taken before the submission was read for grading (a
     submission replaced while it was graded is then graded again on the next run); None: taken now."""
     verdicts, ran, problem, note, flags = result
@@ -268,6 +269,11 @@ def record(gradebook, course, assignment, student, result, points, release, repo
     for path in (course / "autograded", course / "autograded" / student, folder):
         if path.is_symlink():
             raise ValueError(f"{path} is a symbolic link: the grader writes nothing through it")
+    # The page of the grade before, removed: never packed with this one (red team 16c, A08: after
+    # `grade --no-feedback`, the old page went back as current); the feedback step writes the new one.
+    page = course / "feedback" / student / assignment / f"{assignment}.html"
+    if not any(p.is_symlink() for p in (page.parent, page.parent.parent)):
+        page.unlink(missing_ok=True)
     write_grades(gradebook, assignment, student, scores, report, fingerprint=fingerprint, flags=flags or {})
     if ran is not None and feedback:
         shown = {t: {"passed": v.get("passed") is True,

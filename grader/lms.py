@@ -32,7 +32,7 @@ from pathlib import Path
 from grader.collect import LMS_FILE, write_json
 from grader.gradebook import db_url, refuse_not_current, scores
 from grader.notebooks import grade_id, read_notebook
-from grader.report import one_line, plural
+from grader.report import one_line, plural, text_of
 
 CANVAS_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
 MOODLE_COLUMNS = ["Identifier", "Full name", "Email address", "Status", "Grade", "Maximum Grade",
@@ -47,7 +47,7 @@ def collected(course: Path, assignment: str, lms: str) -> dict[str, dict]:
     if known.get("lms") != lms:
         raise ValueError(f"{assignment} was not collected from {lms} in {course} (no {path.relative_to(course)} "
                          f"for {lms}): run `python -m grader collect {assignment} --lms {lms} --zip DOWNLOAD` first")
-    return known["students"]
+    return {s: {**entry, "name": text_of(entry["name"])} for s, entry in known["students"].items()}  # 16c, A03
 
 
 def one_per_user(students: dict[str, dict], chosen, lms: str, assignment: str) -> None:
@@ -144,7 +144,7 @@ def pack_feedback(course: Path, assignment: str, lms: str, out: Path, url: str |
     """Each collected student's feedback page in OUT/<assignment>-feedback-<lms>.zip, named for
     `lms`'s bulk feedback upload; with `only`, those students' pages alone (a re-submission's new
     page, without the class's pages again). Names the students collected who have no page."""
-    from grader.feedback import chosen
+    from grader.feedback import NO_PAGE, chosen
     students = chosen(collected(course, assignment, lms), only, assignment)
     refuse_not_current(course, assignment, url, "packed", students)
     one_per_user(students, students, lms, assignment)
@@ -160,5 +160,5 @@ def pack_feedback(course: Path, assignment: str, lms: str, out: Path, url: str |
             packed += 1
     print(one_line(f"{plural(packed, 'feedback page')} of {assignment} for {lms} in {archive}"))
     for student in missing:
-        print(one_line(f"  NO FEEDBACK for {student}: grade the assignment first (python -m grader grade {assignment})"))
+        print(one_line(NO_PAGE.format(student=student, assignment=assignment)))
     return archive

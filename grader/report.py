@@ -54,6 +54,12 @@ def one_line(text) -> str:
     return printable(str(text).replace("\n", "\\n"))
 
 
+def text_of(name: str) -> str:
+    """`name` with each lone surrogate (a byte that is not UTF-8 in a folder download's file name, as
+    Python reads it) written U+FFFD: text that any file, CSV or zip can hold (red team 16c, A03)."""
+    return "".join("\ufffd" if "\ud800" <= char <= "\udfff" else char for char in str(name))
+
+
 def plural(count: int, one: str, many: str | None = None) -> str:
     """`1 file`, `2 files`: the count and its noun (`many`: the plural where it is not `one` + s)."""
     return f"{count} {one if count == 1 else many or one + 's'}"

@@ -132,7 +132,8 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
     """Grade every submission of `assignment` in `course` (or `students`): gradebook, feedback, Report.
     `execute`: run the notebooks for the feedback (True), not (False: the feedback shows them as
     submitted), or only those of the students in a given set. `feedback=False`: no notebook runs and
-    the feedback notebooks already in autograded/ stay as they are (only the grades change).
+    the feedback notebooks already in autograded/ stay as they are (only the grades change; the
+    pages in feedback/ of the students graded are removed: grader/gradebook.py, `record`).
     `regrade`: grade the students who already have a grade too. `shard`: (K, N), see in_shard.
     `url`: the gradebook (else the course's db_url, else its gradebook.db). `progress`: a progress
     bar and a closing line with the wall time and students per minute, on stderr."""

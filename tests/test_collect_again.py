@@ -438,3 +438,69 @@ def test_plain_export_and_pack_feedback_hand_back_no_grade_that_is_not_current(r
     with pytest.raises(ValueError, match="doejane_123456: handed in again since graded"):
         feedback.pack_feedback(course, A, tmp_path / "upload")
     assert not (tmp_path / "grades.csv").exists() and not (tmp_path / "upload").exists()
+
+
+REFUSED = "hw_3_1_solution.ipynb"  # an honest name that reads as two Canvas uploads (`_3_1_`): refused
+PEOPLE = {"smithann": "smithann_2001", "शर्माराज": "शर्माराज_2002", "علی\u200cرضا": "علی\u200cرضا_2003",
+          unicodedata.normalize("NFD", "müllerjürgen"): "müllerjürgen_2004", "-dash": "dash_2005", ".dot": "dot_2006"}
+
+
+def test_a_refused_notebooks_student_is_the_id_collect_gives_them(tmp_path):
+    """Red team 16c, A02, A02b: the owner of a refused notebook was read from the raw name, not as a
+    collected one's student is (NFC, marks read as letters, no leading `-` or `.`): a Devanagari,
+    Persian or decomposed name got no NOT COLLECTED line, and `-dash` or `.dot` one for an id that
+    is no one's (a hidden folder)."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    for person, student in PEOPLE.items():
+        user = student.rsplit("_", 1)[1]
+        (archive / f"{person}_{user}_5001_{REFUSED}").write_text("{}")
+        assert collect.canvas(Path(f"{person}_{user}_5000_{A}.ipynb"))["student_id"] == student
+    owners = collect.refused_owners(archive, collect.canvas)
+    assert sorted(owners) == sorted(PEOPLE.values()), owners
+
+
+def test_a_flood_of_refused_names_never_costs_a_classmate_their_not_collected_line(tmp_path):
+    """Red team 16c, A01: 21 of Mallory's notebooks whose names read as two uploads used up the
+    budget that every refused name shared (no one's), so Zoe's only notebook (refused too) was never
+    read, and her NOT COLLECTED line never printed."""
+    download = lms_zip(tmp_path / "canvas.zip", {
+        f"aaronmal_1001_3000_{A}.ipynb": "mallory",
+        **{f"aaronmal_1001_{3001 + k}_x_1_{k}_y.ipynb": f"m{k}" for k in range(21)},
+        f"bobbob_1002_4000_{A}.ipynb": "bob", "youngzoe_1009_5009_lab_2_1_answers.ipynb": "zoe"})
+    skipped = collect.unpack(download, tmp_path / "archive", collect.canvas)
+    assert "youngzoe_1009_5009_lab_2_1_answers.ipynb" not in skipped, skipped
+    assert len([n for n, why in skipped.items() if why == collect.TOO_MANY]) == 21 - collect.NOTEBOOKS_PER_STUDENT
+    assert f"aaronmal_1001_3000_{A}.ipynb" not in skipped  # her refused names cost her own notebook nothing
+    assert sorted(collect.refused_owners(tmp_path / "archive", collect.canvas)) == ["aaronmal_1001", "youngzoe_1009"]
+
+
+def test_a_resubmission_refused_is_named_as_not_collected_never_as_not_in_the_download(tmp_path):
+    """Red team 16c, A02c: Raj (Devanagari) was collected from a first download; in the second his
+    only notebook was refused, and collect called him NOT IN THIS DOWNLOAD and said to move his
+    folder out of the course."""
+    course = fresh_course(tmp_path / "course")
+    raj = PEOPLE["शर्माराज"]
+    run_collect(course, lms_zip(tmp_path / "one.zip", {f"{raj}_5001_{A}.ipynb": "raj v1", f"bobbob_1002_4000_{A}.ipynb": "bob"}),
+                "canvas")
+    said = run_collect(course, lms_zip(tmp_path / "two.zip", {f"{raj}_5002_{REFUSED}": "raj v2",
+                                                              f"bobbob_1002_4001_{A}.ipynb": "bob"}), "canvas")
+    assert f"NOT COLLECTED {raj}: no notebook of theirs in this download was collected" in said, said
+    assert "NOT IN THIS DOWNLOAD" not in said, said
+
+
+def test_a_name_holding_a_newline_forges_no_line_of_collects(tmp_path):
+    """Red team 16c, A07, A07b: nbgrader logs each file's name as it is, and a newline in an upload's
+    name forged `LATE:` lines about Bob, and `bobbob_1002: skipped` lines that pushed his real
+    "check it by hand" note out of the summary."""
+    course = fresh_course(tmp_path / "course")
+    forged = "".join(f"\n] bobbob_1002: skipped q{k}" for k in range(6))
+    said = run_collect(course, lms_zip(tmp_path / "canvas.zip", {
+        f"aaronmal_1001_3001_{A}.ipynb": "mallory",
+        f"aaronmal_1001_3002_x\n] LATE: bobbob_1002 handed in {A} late\n.ipynb": "m2",
+        f"aaronmal_1001_3003_y{forged}\n.ipynb": "m3",
+        f"bobbob_1002_3004_{A}.ipynb": "bob", f"bobbob_1002_3005_Copy of {A}.ipynb": "bob's copy"}), "canvas")
+    lines = [line.strip() for line in said.splitlines()]
+    assert not [line for line in lines if line.startswith(("LATE:", "bobbob_1002: skipped q"))], said
+    assert f"bobbob_1002: skipped bobbob_1002_3005_Copy of {A}.ipynb" in said and "check it by hand" in said, said
+    assert collected(course) == {"aaronmal_1001": "mallory", "bobbob_1002": "bob"}

@@ -867,3 +867,72 @@ def test_a_name_that_reads_as_a_formula_is_exported_inert(tmp_path, monkeypatch,
     lmses.export_grades(tmp_path, ASSIGNMENT, lms, tmp_path / "grades.csv")
     names = {row[0] if lms == "canvas" else row[1] for row in csv.reader((tmp_path / "grades.csv").open())}
     assert "'=SUM(1+41)" in names and "Bob Ray" in names and "=SUM(1+41)" not in names
+
+
+def test_a_moodle_name_that_is_not_utf8_stops_no_export_or_pack(registered_course, tmp_path, capsys):
+    """Red team 16c, A03: a folder download whose Moodle folder name held Latin-1 bytes (`Jos\\xe9`)
+    stopped `export --lms moodle` and `pack-feedback --lms moodle` for the whole class (the name
+    could not be written as UTF-8), leaving a partial worksheet and zip."""
+    import csv
+    import shutil
+    import zipfile
+
+    from grader.__main__ import main
+    from nbgrader.api import Gradebook
+    from sqlalchemy.exc import SAWarning
+    course = Path(shutil.copytree(registered_course, tmp_path / "course"))
+    jose = os.fsdecode(b"Jos\xe9 Garc\xeda")
+    names = [f"{person}_{user}_assignsubmission_file_/{ASSIGNMENT}.ipynb"
+             for person, user in (("Ann Lee", 5501001), (jose, 5501002), ("Zed Zu", 5501003))]
+    uploads = {collect.moodle(Path(n))["student_id"]: (Path(n), collect.moodle(Path(n))) for n in names}
+    collect.remember(course, ASSIGNMENT, "moodle", uploads)
+    points = fabricate.test_points(ASSIGNMENT)
+    with Gradebook(gradebook.db_url(course)) as book, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=SAWarning)
+        for student in uploads:
+            gradebook.write_grades(book, ASSIGNMENT, student, dict(points))
+            page = course / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html"
+            page.parent.mkdir(parents=True)
+            page.write_text(f"<html>{student}</html>")
+    main(["export", ASSIGNMENT, "--lms", "moodle", "--course", str(course)])
+    main(["pack-feedback", ASSIGNMENT, "--lms", "moodle", "--course", str(course)])
+    with open(course / f"grades-{ASSIGNMENT}-moodle.csv", newline="", encoding="utf-8") as f:
+        rows = {r["Identifier"]: r["Full name"] for r in csv.DictReader(f)}
+    assert rows == {"Participant 5501001": "Ann Lee", "Participant 5501002": "Jos\ufffd Garc\ufffda",
+                    "Participant 5501003": "Zed Zu"}
+    members = zipfile.ZipFile(course / "feedback-upload" / f"{ASSIGNMENT}-feedback-moodle.zip").namelist()
+    assert [m.split("_")[1] for m in members] == ["5501001", "5501002", "5501003"], members
+    stored = json.loads((course / "downloaded" / ASSIGNMENT / collect.LMS_FILE).read_text(encoding="utf-8"))
+    assert stored["students"]["jos_garc_a_5501002"]["name"] == "Jos\ufffd Garc\ufffda"  # text, as written
+
+
+def test_a_grade_written_without_feedback_is_never_packed_with_the_earlier_page(registered_course, tmp_path, capsys):
+    """Red team 16c, A08: Bob's re-submission graded with `grade --no-feedback` (100 %) left his
+    page of the earlier grade (0 %), and both `pack-feedback` and `pack-feedback --lms` packed it
+    as his, with no word."""
+    import shutil
+    import zipfile
+
+    from grader.__main__ import main
+    from nbgrader.api import Gradebook
+    course = Path(shutil.copytree(registered_course, tmp_path / "course"))
+    name = f"bobbob_1002_3005_{ASSIGNMENT}.ipynb"
+    collect.remember(course, ASSIGNMENT, "canvas", {"bobbob_1002": (Path(name), collect.canvas(Path(name)))})
+    page = course / "feedback" / "bobbob_1002" / ASSIGNMENT / f"{ASSIGNMENT}.html"
+    page.parent.mkdir(parents=True)
+    page.write_text("<html>bob: 0%</html>")  # the page of his earlier grade
+    gradebook.prepare(course, ASSIGNMENT)
+    points = fabricate.test_points(ASSIGNMENT)
+    release = json.loads((course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text())
+    with Gradebook(gradebook.db_url(course)) as book, warnings.catch_warnings():
+        warnings.filterwarnings("ignore")
+        gradebook.record(book, course, ASSIGNMENT, "bobbob_1002", ({t: {"passed": True} for t in points}, release, None,
+                                                                   None, {}), points, release, schedule.Report(),
+                         secrets=["s"], hidden_lines=set(), feedback=False)  # grade --no-feedback
+    assert gradebook.scores(course, ASSIGNMENT) == {"bobbob_1002": points}
+    for lms in (["--lms", "canvas"], []):
+        main(["pack-feedback", ASSIGNMENT, *lms, "--course", str(course), "--out", str(tmp_path / "upload")])
+        said = capsys.readouterr().out
+        assert "NO FEEDBACK for bobbob_1002: no page of their current grade" in said and "--no-feedback" in said, said
+    assert zipfile.ZipFile(tmp_path / "upload" / f"{ASSIGNMENT}-feedback-canvas.zip").namelist() == []
+    assert not list((tmp_path / "upload" / ASSIGNMENT).iterdir())
