@@ -157,11 +157,17 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
         exec(compile(job["setup"], "<set-up cell>", "exec"), answers)
         answers.update(NOTEBOOK_HABITS)
         random_state = rng_state()  # as the set-up cell left it
+        classes = {name: type(module) for name, module in list(sys.modules.items())}
         forbid_threads(guard_fd)
         for cell_id, source in part["cells"]:
             error = run_cell(source, f"<{whose(cell_id)}>", answers)
             if error:
                 stopped.append((cell_id, f"{whose(cell_id)} raised {error}"))
+        changed = module_class_changed(classes)
+        if changed:
+            record = {"observations": [], "stopped": f"the tests of this part did not run: the answer {changed}",
+                      "refused": f"{changed} (its attributes could then differ for the tests)"}
+            write_record(record, record_fd)
         tests.update({name: answers[name] for name in part["names"] if name in answers})
         set_rng_state(random_state)  # the tests draw the same numbers whatever the answers drew
         grading._observations = observations
@@ -172,6 +178,21 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
         if type(raised) is tuple and len(raised) == 2 and raised[0] is error and type(raised[1]) is str:
             said = f"{raised[1][:300]} raised {said}"  # plain data only: no method of the student's runs here
         record = {"observations": observations, "stopped": failure(said, stopped, part["test_id"])}
+    write_record(record, record_fd)
+
+
+def module_class_changed(classes: dict) -> str | None:
+    """What an answer changed of a module's class (red team 16d, A: a subclass of the module type
+    given to mpcourse.grading handed the tests an unwatched own_work, and _check_untampered the
+    real one), from `classes`, each module's class before the answers ran; None if nothing."""
+    for name, module in list(sys.modules.items()):
+        if name in classes and type(module) is not classes[name]:
+            return f"changed the class of the module {name[:100]}"
+    return None
+
+
+def write_record(record: dict, record_fd: int) -> None:
+    """Write `record` as JSON on `record_fd`, then end this process."""
     try:
         text = json.dumps(record)
     except (TypeError, ValueError, RecursionError):

@@ -65,8 +65,10 @@ def program(machine: str) -> bytes:
     return refusing(machine, {clone3: errno.ENOSYS, **{number: errno.EAGAIN for number in refused.values()}})
 
 
-def refusing(machine: str, refused: dict[int, int]) -> bytes:
-    """A filter for `machine` that fails each system call numbered in `refused` with its error, and
+def refusing(machine: str, refused: dict[int, int], socket_call: int | None = None,
+             socket_families: tuple[int, ...] = ()) -> bytes:
+    """A filter for `machine` that fails each system call numbered in `refused` with its error,
+    `socket_call` (the socket system call's number) with EPERM for each of `socket_families`, and
     every call of another architecture's table with EPERM, and lets the rest through (also used by
     grader/sandbox.py for the whole sandbox)."""
     arch, _, _, other_table = MACHINES[machine]
@@ -79,6 +81,11 @@ def refusing(machine: str, refused: dict[int, int]) -> bytes:
                  _instruction(RET_K, 0, 0, RET_ERRNO | errno.EPERM)]
     for number, error in refused.items():
         code += [_instruction(JEQ_K, 0, 1, number), _instruction(RET_K, 0, 0, RET_ERRNO | error)]
+    if socket_call is not None and socket_families:
+        code += [_instruction(JEQ_K, 0, 1 + 2 * len(socket_families), socket_call),
+                 _instruction(LD_W_ABS, 0, 0, 16)]                # A = the low word of args[0], the family
+        for family in socket_families:
+            code += [_instruction(JEQ_K, 0, 1, family), _instruction(RET_K, 0, 0, RET_ERRNO | errno.EPERM)]
     return b"".join(code + [_instruction(RET_K, 0, 0, RET_ALLOW)])
 
 

@@ -14,7 +14,10 @@ A list of what to *show*, not of what to hide. Inside bubblewrap the command see
 
 Nothing else: not the course directory, not the repository, not the instructor's home or
 environment (`--clearenv`; a minimal PATH and HOME), not the kernel's keyrings (a seccomp filter
-on every process refuses `add_key`, `request_key` and `keyctl`). The command runs as a real unprivileged user
+on every process refuses `add_key`, `request_key`, `keyctl` and the kernel crypto sockets that can
+load a key by its number; `/proc/keys` and `/proc/key-users` read as nothing; and the grader runs in
+a session keyring of its own, empty), and no POSIX message queue (a zero `msgqueue` limit: nothing
+one student of a batch leaves reaches the next). The command runs as a real unprivileged user
 of its own (`UID_BASE` + slot, no capabilities, `no_new_privs`), so files only root may read
 (`/etc/shadow`) stay unreadable even where they are shown. No network, its own process namespace:
 every process it starts ends with it.
@@ -69,6 +72,24 @@ MEMORY_BYTES = 4 * 2**30  # the most a sandbox's whole tree may take (schedule.J
 # the next one of that uid, and request_key starts the host's helpers as root (red team 16: B07, B01,
 # B03). Every process of a sandbox is refused the three calls (add_key, request_key, keyctl).
 KEYRING_CALLS = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}
+# Red team 16d (E): /proc/keys listed the grader's keys; a kernel crypto socket (AF_ALG) loads a
+# key the process possesses by its number (ALG_SET_KEY_BY_KEY_SERIAL, Linux 6.2 on).
+SOCKET_CALL, AF_ALG = {"x86_64": 41, "aarch64": 198}, 38
+KEYCTL_JOIN_SESSION_KEYRING = 1
+
+
+def own_session_keyring() -> None:
+    """Put this process in a new, empty session keyring, which the sandboxes it starts inherit: the
+    instructor's session (pam_keyinit's, a desktop's) then holds no key a sandbox possesses. Done on
+    import, before the grader starts threads (a thread's keyrings are its own). Where keyctl is
+    refused (a container's seccomp profile), the sandboxes' filter still refuses it to them."""
+    import ctypes
+    machine = platform.machine()
+    if machine in KEYRING_CALLS:
+        ctypes.CDLL(None, use_errno=True).syscall(KEYRING_CALLS[machine][2], KEYCTL_JOIN_SESSION_KEYRING, None)
+
+
+own_session_keyring()
 
 
 @dataclass(frozen=True)
@@ -125,7 +146,8 @@ def keyring_filter() -> int:
     for bubblewrap's --seccomp, which reads it whole; the caller closes it."""
     machine = platform.machine()
     read, write = os.pipe()
-    os.write(write, no_threads.refusing(machine, {number: errno.EPERM for number in KEYRING_CALLS[machine]}))
+    os.write(write, no_threads.refusing(machine, {number: errno.EPERM for number in KEYRING_CALLS[machine]},
+                                        SOCKET_CALL[machine], (AF_ALG,)))
     os.close(write)
     fd = fcntl.fcntl(read, fcntl.F_DUPFD, 10)  # above the 3 that the result pipe is moved to
     os.close(read)
@@ -159,7 +181,9 @@ def wrapped(command: list[str], *, show, files, limits: Limits, uid: int, cgroup
     environment = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": "/tmp/home", "LANG": "C.UTF-8",
                    "MPLBACKEND": "Agg", "MPLCONFIGDIR": "/tmp/home/.matplotlib", "PYTHONDONTWRITEBYTECODE": "1",
                    "JUPYTER_RUNTIME_DIR": "/tmp/home/jupyter-runtime", **(env or {})}
-    bwrap = ["bwrap", *mounts, "--dev", "/dev", "--proc", "/proc",
+    masked = [a for name in ("/proc/keys", "/proc/key-users") if os.path.exists(name)
+              for a in ("--ro-bind", "/dev/null", name)]
+    bwrap = ["bwrap", *mounts, "--dev", "/dev", "--proc", "/proc", *masked,
              "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
              "--die-with-parent", "--new-session", "--clearenv",
              *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
@@ -167,7 +191,8 @@ def wrapped(command: list[str], *, show, files, limits: Limits, uid: int, cgroup
     drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
             "--inh-caps=-all", "--bounding-set=-all", "--"]
     prlimit = ["prlimit", f"--as={limits.address_space}", f"--fsize={limits.file_bytes}",
-               f"--cpu={int(limits.cpu_seconds) + 1}", "--core=0", f"--nproc={limits.processes}", "--"]
+               f"--cpu={int(limits.cpu_seconds) + 1}", "--core=0", f"--nproc={limits.processes}",
+               "--msgqueue=0", "--"]
     # Join the cgroups (as root, before anything else runs) and put the result pipe on fd 3.
     join = ["/bin/bash", "-c", 'for f in $0; do echo $$ > "$f" || exit 97; done; '
             'if [ -n "$1" ]; then eval "exec 3>&$1 $1>&-"; fi; shift; exec "$@"',

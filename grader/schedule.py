@@ -346,7 +346,9 @@ def record_flags(job: dict, records: dict) -> dict[str, list[str]]:
     flags: dict[str, list[str]] = {}
     for test_id, record in records.items():
         if record.get("refused"):
-            flags.setdefault(part_of(test_id), []).append("made the part's record unreadable: " + str(record["refused"]))
+            why = str(record["refused"])
+            flags.setdefault(part_of(test_id), []).append(why if why.startswith("changed the class") else
+                                                          "made the part's record unreadable: " + why)
         elif "did not finish" in str(record.get("stopped")) and added.get(test_id):
             flags.setdefault(part_of(test_id), []).append(TIMED_OUT_WITH_ADDED.format(", ".join(added[test_id])))
     return flags

@@ -416,6 +416,19 @@ session = libc.syscall(calls[1], 0, -3, 0)  # keyctl(KEYCTL_GET_KEYRING_ID, KEY_
 found["session keyring"] = errno.errorcode.get(ctypes.get_errno()) if session < 0 else session
 added = libc.syscall(calls[0], b"user", b"left-by-a-student", b"x", 1, -4)  # add_key(..., KEY_SPEC_USER_KEYRING)
 found["add_key"] = errno.errorcode.get(ctypes.get_errno()) if added < 0 else added
+try:  # red team 16d: the keys listed, a crypto socket that loads a key by its number, a message queue
+    found["/proc/keys"] = open("/proc/keys").read()
+except OSError as error:
+    found["/proc/keys"] = errno.errorcode.get(error.errno)
+import socket
+try:
+    socket.socket(38, socket.SOCK_SEQPACKET, 0).close()  # AF_ALG
+    found["AF_ALG"] = "opened"
+except OSError as error:
+    found["AF_ALG"] = errno.errorcode.get(error.errno)
+rt = ctypes.CDLL("librt.so.1", use_errno=True)
+queue = rt.mq_open(b"/left-for-the-next-student", os.O_CREAT | os.O_RDWR, 0o600, None)
+found["mq_open"] = errno.errorcode.get(ctypes.get_errno()) if queue < 0 else queue
 print("SEEN " + json.dumps(found))
 """
 
@@ -451,6 +464,7 @@ def test_a_sandbox_shows_only_what_grading_needs_as_an_unprivileged_user(tmp_pat
     assert not seen["wrote next to the script"]
     assert Path("/etc/shadow").exists() and not (tmp_path / "shown" / "written").exists()
     assert seen["session keyring"] == seen["add_key"] == "EPERM", "the grader's keyrings, or a key for the next sandbox"
+    assert seen["/proc/keys"] in ("", "EACCES") and seen["AF_ALG"] == "EPERM" and seen["mq_open"] == "EMFILE", seen
 
 
 FORKS = r"""

@@ -770,6 +770,19 @@ def test_a_future_import_holds_for_the_statements_and_cells_after_it_as_in_a_not
     assert not without["passed"] and "NameError" in without["message"]  # the control: the import is what matters
 
 
+def test_an_answer_that_changes_a_modules_class_fails_the_part_and_says_why():
+    """Red team 16d, A: a subclass of the module type given to mpcourse.grading decided, caller by
+    caller, what `grading.own_work` was: an unwatched one for the tests (a forbidden torch.softmax
+    scored full marks), the real one for the tamper check."""
+    setup = "import torch\nfrom mpcourse import grading\n"
+    swap = ("class Checker(type(grading)):\n    pass\n"
+            "setattr(grading, ''.join(reversed('__ssalc__')), Checker)\ndef f():\n    return 1\n")
+    verdict = run_job(setup, [["p2_solution", swap]], "assert f() == 1\n", ["f"])
+    assert not verdict["passed"] and "changed the class of the module mpcourse.grading" in verdict["message"]
+    assert run_job(setup, [["p2_solution", "import torch.nn\ndef f():\n    return 1\n"]], "assert f() == 1\n",
+                   ["f"])["passed"]  # importing more of a library changes no module's class
+
+
 def test_a_module_reaches_the_answer_cells_where_a_cell_imports_it_as_in_the_notebook():
     """Student walkthrough 48g, D4: grading gave `math`, `np`, `torch`, ... to every answer cell, so
     a forgotten import that failed the part in the notebook (no tick) scored full marks. (Red team
