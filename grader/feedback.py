@@ -313,15 +313,23 @@ NO_PAGE = ("  NO FEEDBACK for {student}: no page of their current grade (not gra
            "--no-feedback, which removes the earlier page): python -m grader grade {assignment} --regrade --student {student}")
 
 
+def some_zip(only: list[str] | None) -> str:
+    """The end of the name of a zip of `only` some students' pages: `-some`, so that it does not
+    replace the class's zip (instructor walkthrough 47e, 4)."""
+    return "" if only is None else "-some"
+
+
 def pack_feedback(course: Path, assignment: str, out: Path, url: str | None = None,
                   only: list[str] | None = None) -> list[Path]:
     """Each student's feedback page, for upload to an LMS without nbgrader's exchange: copied to
     OUT/<assignment>/<student>_<assignment>.html, and all of them in OUT/<assignment>-feedback.zip.
-    With `only`, those students' pages alone. Returns the pages; names the students who handed in
-    but have no feedback page. Refuses (ValueError) while a page is of a submission handed in again
-    since (red team 45l, A02: the old page packed)."""
+    With `only`, those students' pages alone, zipped in OUT/<assignment>-feedback-some.zip. Returns
+    the pages; names the students who handed in but have no feedback page, and removes their page
+    that an earlier pack left in OUT/<assignment>/ (red team 16d, F: a page of an earlier grade
+    stayed beside a "0 feedback pages" line). Refuses (ValueError) while a page is of a submission
+    handed in again since (red team 45l, A02: the old page packed)."""
     from grader.gradebook import refuse_not_current
-    pages, missing = [], []
+    pages, missing, removed = [], [], []
     students = chosen(sorted({p.parent.name for p in (course / "submitted").glob(f"*/{assignment}")} |
                              {p.parent.name for p in (course / "feedback").glob(f"*/{assignment}")}), only, assignment)
     refuse_not_current(course, assignment, url, "packed", students)
@@ -329,16 +337,22 @@ def pack_feedback(course: Path, assignment: str, out: Path, url: str | None = No
     folder.mkdir(parents=True, exist_ok=True)
     for student in students:
         page = course / "feedback" / student / assignment / f"{assignment}.html"
+        target = folder / f"{student}_{assignment}.html"
         if not page.is_file() or any(p.is_symlink() for p in (page, page.parent, page.parent.parent)):
             missing.append(student)
+            if target.is_symlink() or target.is_file():  # only a page this command writes
+                target.unlink()
+                removed.append(target)
             continue
-        target = folder / f"{student}_{assignment}.html"
         shutil.copyfile(page, target)
         pages.append(target)
-    with zipfile.ZipFile(out / f"{assignment}-feedback.zip", "w", zipfile.ZIP_DEFLATED) as archive:
+    zipped = out / f"{assignment}-feedback{some_zip(only)}.zip"
+    with zipfile.ZipFile(zipped, "w", zipfile.ZIP_DEFLATED) as archive:
         for page in pages:
             archive.write(page, page.name)
-    print(one_line(f"{plural(len(pages), 'feedback page')} in {folder}/ and {out / f'{assignment}-feedback.zip'}"))
+    print(one_line(f"{plural(len(pages), 'feedback page')} in {folder}/ and {zipped}"))
     for student in missing:
         print(one_line(NO_PAGE.format(student=student, assignment=assignment)))
+    for target in removed:
+        print(one_line(f"  removed {target}: a page of an earlier grade"))
     return pages

@@ -143,13 +143,14 @@ def pack_feedback(course: Path, assignment: str, lms: str, out: Path, url: str |
                   only: list[str] | None = None) -> Path:
     """Each collected student's feedback page in OUT/<assignment>-feedback-<lms>.zip, named for
     `lms`'s bulk feedback upload; with `only`, those students' pages alone (a re-submission's new
-    page, without the class's pages again). Names the students collected who have no page."""
-    from grader.feedback import NO_PAGE, chosen
+    page, without the class's pages again), in OUT/<assignment>-feedback-<lms>-some.zip (the class's
+    zip kept). Names the students collected who have no page."""
+    from grader.feedback import NO_PAGE, chosen, some_zip
     students = chosen(collected(course, assignment, lms), only, assignment)
     refuse_not_current(course, assignment, url, "packed", students)
     one_per_user(students, students, lms, assignment)
     out.mkdir(parents=True, exist_ok=True)
-    archive, packed, missing = out / f"{assignment}-feedback-{lms}.zip", 0, []
+    archive, packed, missing = out / f"{assignment}-feedback-{lms}{some_zip(only)}.zip", 0, []
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
         for student, entry in sorted(students.items()):
             page = course / "feedback" / student / assignment / f"{assignment}.html"

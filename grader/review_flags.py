@@ -4,7 +4,8 @@
 
 An answer cell is flagged when it touches the runner, the system or the libraries: call frames,
 the garbage collector, /proc, processes and sessions, links, databases, code objects, closures,
-profilers, TorchScript, imports by a name built at run time, `exec`, `ctypes`, signals, `sys.modules`,
+profilers, TorchScript, an attribute look-up of its own (`__getattribute__`), a subclass of a
+module's type, imports by a name built at run time, `exec`, `ctypes`, signals, `sys.modules`,
 assignments to attributes of torch, numpy and the like; and when it imports a module that is not
 installed where grading runs (red team 45g, A07: pandas, which Colab has). A name put together
 from pieces of text (`getattr(sys, "get" + "profile")`) is read as if written. Never runs student
@@ -93,7 +94,19 @@ SUSPECT_NAMES = {
     "__subclasses__": "walks the class tree", "__dict__": "reaches into objects' dictionaries",
     "mpcourse": ("uses the course library, whose reference implementations the own-work check watches "
                  "for (an observation the answer's process could forge)"),
+    # the caller's name read through traceback told the runner's check from the tests (red team 16d, A)
+    **dict.fromkeys(("extract_stack", "walk_stack", "format_stack", "print_stack", "StackSummary",
+                     "_getframe", "currentframe"), "reads the call stack"),
+    **dict.fromkeys(("__getattribute__", "__getattr__"), "changes how attributes are looked up (an object, a module "
+                    "given a class of the answer's, can then hand each caller what the answer chooses)"),
+    "ModuleType": "uses the type of modules (a module given a subclass answers look-ups as the answer chooses)",
 }
+# Red team 16d, A: the answer gave the shared `grading` module a subclass of its type whose
+# `__getattribute__` handed the tests an unwatched own_work and the runner's check the real one
+# (a forbidden torch.softmax, full marks, unflagged).
+LOOKUP = SUSPECT_NAMES["__getattribute__"]
+MODULE_CLASS = ("subclasses a module's type (`types.ModuleType`, or `type(x)` of an object as a base class: a "
+                "module given that class answers look-ups as the answer chooses)")
 # getattr(sys, "get" + "profile"): a name put together from pieces of text hid what it reaches from
 # every flag above (red team 45h, A01: the watcher's record cleared, a forbidden torch.softmax 10 of
 # 10; A05: the checker's secret and the runner's frames read, both unflagged). Such text is put
@@ -186,6 +199,31 @@ def folded(node) -> str | None:
     return text(node)
 
 
+def module_base(node) -> bool:
+    """Whether a base class names the type of modules (`types.ModuleType`, `ModuleType`) or the type of
+    an object (`type(grading)`): a class that a module's `__class__` may be set to."""
+    if isinstance(node, ast.Starred):
+        node = node.value
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        return (node.id if isinstance(node, ast.Name) else node.attr) == "ModuleType"
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type"
+            and len(node.args) == 1 and not node.keywords)
+
+
+def class_flags(node) -> set[str]:
+    """Why to read an answer for a class it makes (a `class` statement, `type(name, bases, namespace)`,
+    `types.new_class(name, bases)`) on a module's type."""
+    if isinstance(node, ast.ClassDef):
+        bases = node.bases
+    elif isinstance(node, ast.Call) and len(node.args) >= 2 and (
+            (isinstance(node.func, ast.Name) and node.func.id == "type" and len(node.args) == 3)
+            or (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")) == "new_class"):
+        bases = node.args[1].elts if isinstance(node.args[1], (ast.Tuple, ast.List)) else []
+    else:
+        return set()
+    return {MODULE_CLASS} if any(module_base(base) for base in bases) else set()
+
+
 def as_released(code: str) -> str:
     """A cell's code with its line endings and trailing spaces as the release writes them: an
     example cell saved by a Windows editor (`\r\n`) is still the release's, not the student's own
@@ -195,26 +233,40 @@ def as_released(code: str) -> str:
 
 def own_statements(code: str, released: set[str]) -> str:
     """An example cell the student changed (the set-up cell with an import added), read for what
-    the student wrote: its top-level statements that no released cell holds (`released`: their
-    `ast.dump`s). Otherwise the set-up cell's own library imports flagged a part whose answer used
-    none (student walkthrough 48g, D3). Code that does not parse is read whole."""
+    the student wrote: its top-level statements that no released set-up or example cell holds
+    (`released`: their `ast.dump`s). Otherwise the set-up cell's own library imports flagged a part
+    whose answer used none (student walkthrough 48g, D3). Never raises: a cell too long or too
+    braced to parse here (`not_parsed`), or one that does not parse or unparse (a statement 500
+    levels deep: ast.unparse's RecursionError failed the student's whole grading, red team 16d, B3),
+    is read whole."""
+    if not_parsed(code):  # as the later parse (red team 16d, B4: 60,000 f-string fields took 3.6 s)
+        return code
     try:
         with PARSING:
             body = ast.parse(without_magics(code)).body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return "\n".join(ast.unparse(node) for node in body if ast.dump(node) not in released)
+    except Exception:  # SyntaxError, ValueError, RecursionError, MemoryError, ...
         return code
-    return "\n".join(ast.unparse(node) for node in body if ast.dump(node) not in released)
 
 
 def released_statements(source: dict) -> set[str]:
+    """The `ast.dump`s of the top-level statements of the release's set-up and example cells: the
+    instructor's code cells with no grade_id, or grade_id "setup". Never those of test cells (visible
+    or hidden) or solution cells: a test's statement pasted into a changed set-up cell is read (red
+    team 16d, B1: ex7's `module.__class__ = foreign` loop, B2: a hidden test's library import)."""
     found = set()
     for cell in source["cells"]:
-        if cell.get("cell_type") == "code":
+        if released_example(cell):
             try:
                 found |= {ast.dump(node) for node in ast.parse(without_magics(source_text(cell))).body}
-            except SyntaxError:
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
                 pass
     return found
+
+
+def released_example(cell: dict) -> bool:
+    """Whether a cell of the instructor's source is a set-up or example cell, as released to students."""
+    return cell.get("cell_type") == "code" and grade_id(cell) in (None, "setup")
 
 
 def review_flags(submission: dict, source: dict | None = None) -> dict[str, list[str]]:
@@ -224,7 +276,7 @@ def review_flags(submission: dict, source: dict | None = None) -> dict[str, list
     added are read too, as the part whose hidden tests run them (grader/notebooks.py, `student_code`)."""
     flags: dict[str, set] = {}
     if source is not None:  # the notebook's own example cells as released are the instructor's, not read
-        released = {as_released(without_magics(source_text(c))) for c in source["cells"] if c.get("cell_type") == "code"}
+        released = {as_released(without_magics(source_text(c))) for c in source["cells"] if released_example(c)}
         statements = released_statements(source)
         cells = [(name, own_statements(code, statements) if example(name) else code)
                  for name, code in student_code(submission, source)
@@ -262,6 +314,9 @@ def review_flags(submission: dict, source: dict | None = None) -> dict[str, list
                 found |= name_flags(pieces) | {why for needle, why in SUSPECT_TEXT.items() if needle in pieces}
             for module in imported(node):
                 found |= module_flags(module)
+            found |= class_flags(node)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in ("__getattribute__", "__getattr__"):
+                found.add(LOOKUP)  # a class's attribute look-up of its own (red team 16d, A)
             if isinstance(node, ast.Attribute) and node.attr == "modules" and library_of(node.value) == "sys":
                 found.add("looks modules up in sys.modules (the course library's among them)")
             name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None

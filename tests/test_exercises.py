@@ -698,6 +698,41 @@ def test_the_red_team_45g_evasions_and_missing_packages_are_flagged():
     assert flags_of("from . import x\n") == []  # no module to find
     assert review_flags.installed("torch") and review_flags.installed("sys") and not review_flags.installed(missing)
 
+
+def test_a_module_class_of_the_answers_and_the_call_stack_read_through_traceback_are_flagged():
+    """Red team 16d, A: the answer set the shared `grading` module's class to a `type(grading)`
+    subclass whose `__getattribute__` (the caller told by `traceback.extract_stack`) handed the tests
+    an unwatched own_work: a forbidden torch.softmax, full marks, unflagged."""
+    def flags_of(code):
+        return review_flags.review_flags({"cells": [{"cell_type": "code", "source": code,
+                                                     "metadata": {"nbgrader": {"grade_id": "p1_solution"}}}]}).get("p1", [])
+    attack = ("import traceback\n\nclass Checker(type(grading)):\n    def __getattribute__(self, name):\n"
+              "        real = super().__getattribute__(name)\n"
+              "        if name != 'own_work' or traceback.extract_stack(limit=2)[0].name == '_check_untampered':\n"
+              "            return real\n        return lambda f, *a, **k: f(*a, **k)\n\n"
+              "checker = grading\nsetattr(checker, ''.join(reversed('__ssalc__')), Checker)\n")
+    stack, lookup, module = ("reads the call stack", review_flags.LOOKUP, review_flags.MODULE_CLASS)
+    assert {stack, lookup, module} <= set(flags_of(attack))
+    for code in ("import traceback\nwho = traceback.extract_stack()[-2].name\n", "from traceback import walk_stack\n",
+                 "import traceback as t\nt.print_stack()\n", "s = traceback.format_stack(limit=3)\n",
+                 "g = sys._getframe\n", "s = traceback.StackSummary.extract(frames)\n",
+                 "f = getattr(traceback, 'extract' + '_stack')\n"):
+        assert stack in flags_of(code), code
+    for code in ("class Box:\n    def __getattr__(self, name):\n        return 0\n",
+                 "class Box(object):\n    def __getattribute__(self, name):\n        return 0\n",
+                 "Box = type('Box', (), {'__getattribute__': f})\n"):
+        assert lookup in flags_of(code), code
+    for code in ("import types\nclass M(types.ModuleType):\n    pass\n", "from types import ModuleType\nclass M(ModuleType): pass\n",
+                 "class M(type(grading)):\n    pass\n", "M = type('M', (type(grading),), {})\n",
+                 "M = types.new_class('M', (types.ModuleType,))\n"):
+        assert module in flags_of(code), code
+    for honest in ("import traceback\ntry:\n    f()\nexcept ValueError:\n    traceback.print_exc()\n",
+                   "y = torch.stack([a, b])\n", "kind = type(x)\nif type(m) is nn.Linear:\n    pass\n",
+                   "class StableSoftmax(nn.Module):\n    def forward(self, x):\n        return x\n",
+                   "class Scaler(object):\n    def __init__(self, s):\n        self.s = s\n"):
+        assert flags_of(honest) == [], honest
+
+
 def test_without_cgroups_students_are_graded_one_at_a_time(monkeypatch, tmp_path):
     """Where no sandbox can get its own CPU share, none gets a neighbour to starve."""
     from concurrent.futures import ThreadPoolExecutor

@@ -227,13 +227,25 @@ def test_pack_feedback_names_each_students_page_for_upload(tmp_path):
     with zipfile.ZipFile(tmp_path / "upload" / f"{ASSIGNMENT}-feedback.zip") as archive:
         assert sorted(archive.namelist()) == [f"jane_{ASSIGNMENT}.html", f"omar_{ASSIGNMENT}.html"]
     assert "NO FEEDBACK for late_lee" in result.stdout
-    # A re-submission's new page alone (instructor walkthrough 47d, A: --student was taken and ignored)
+    # A re-submission's new page alone (instructor walkthrough 47d, A: --student was taken and ignored),
+    # in a zip of its own: it replaced the class's zip (instructor walkthrough 47e, 4)
     from grader.__main__ import main
-    main(["pack-feedback", ASSIGNMENT, "--course", str(course), "--out", str(tmp_path / "again"), "--student", "omar"])
-    with zipfile.ZipFile(tmp_path / "again" / f"{ASSIGNMENT}-feedback.zip") as archive:
+    main(["pack-feedback", ASSIGNMENT, "--course", str(course), "--out", str(tmp_path / "upload"), "--student", "omar"])
+    with zipfile.ZipFile(tmp_path / "upload" / f"{ASSIGNMENT}-feedback-some.zip") as archive:
         assert archive.namelist() == [f"omar_{ASSIGNMENT}.html"]
+    with zipfile.ZipFile(tmp_path / "upload" / f"{ASSIGNMENT}-feedback.zip") as archive:
+        assert sorted(archive.namelist()) == [f"jane_{ASSIGNMENT}.html", f"omar_{ASSIGNMENT}.html"]
     with pytest.raises(SystemExit, match=f"no submission of {ASSIGNMENT} for omr"):
         main(["pack-feedback", ASSIGNMENT, "--course", str(course), "--student", "omr"])
+    # Red team 16d, F: Jane's page removed (as `grade --no-feedback` does): the next pack named her
+    # NO FEEDBACK and left her earlier page in the folder of pages to hand back
+    (course / "feedback" / "jane" / ASSIGNMENT / f"{ASSIGNMENT}.html").unlink()
+    (pages / "notes.txt").write_text("the instructor's")
+    result = subprocess.run([sys.executable, "-m", "grader", "pack-feedback", ASSIGNMENT,
+                             "--course", str(course), "--out", str(tmp_path / "upload")], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "NO FEEDBACK for jane" in result.stdout and f"removed {pages / f'jane_{ASSIGNMENT}.html'}" in result.stdout
+    assert sorted(p.name for p in pages.iterdir()) == ["notes.txt", f"omar_{ASSIGNMENT}.html"]
 
 
 def test_feedback_markdown_shows_inline_code_as_written_and_maths_as_text():
@@ -629,8 +641,10 @@ def test_grades_and_feedback_go_back_in_the_files_each_lms_imports(registered_co
     with pytest.raises(SystemExit, match="was not collected from"):
         main(["export", ASSIGNMENT, "--lms", "moodle" if lms == "canvas" else "canvas", "--course", str(course)])
     main(["pack-feedback", ASSIGNMENT, "--lms", lms, "--course", str(course), "--student", omar["student_id"]])
-    assert zipfile.ZipFile(course / "feedback-upload" / f"{ASSIGNMENT}-feedback-{lms}.zip").namelist() == []  # his alone
-    assert f"NO FEEDBACK for {omar['student_id']}" in capsys.readouterr().out
+    assert zipfile.ZipFile(course / "feedback-upload" / f"{ASSIGNMENT}-feedback-{lms}-some.zip").namelist() == []  # his alone
+    assert [archive.read(n) for n in archive.namelist()] == [page.read_bytes()]  # the class's zip kept (walkthrough 47e, 4)
+    said = capsys.readouterr().out
+    assert f"NO FEEDBACK for {omar['student_id']}" in said and f"{ASSIGNMENT}-feedback-{lms}-some.zip" in said
     if lms == "canvas":  # the column named once is the column of every later export (walkthrough 47b, K4)
         main(["export", ASSIGNMENT, "--lms", lms, "--course", str(course), "--column", "Exercise 2 (4407)"])
         main(["export", ASSIGNMENT, "--lms", lms, "--course", str(course)])
@@ -922,6 +936,8 @@ def test_a_grade_written_without_feedback_is_never_packed_with_the_earlier_page(
     page.parent.mkdir(parents=True)
     page.write_text("<html>bob: 0%</html>")  # the page of his earlier grade
     gradebook.prepare(course, ASSIGNMENT)
+    main(["pack-feedback", ASSIGNMENT, "--course", str(course), "--out", str(tmp_path / "upload")])  # the earlier page
+    assert (tmp_path / "upload" / ASSIGNMENT / f"bobbob_1002_{ASSIGNMENT}.html").read_text() == "<html>bob: 0%</html>"
     points = fabricate.test_points(ASSIGNMENT)
     release = json.loads((course / "exercises" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb").read_text())
     with Gradebook(gradebook.db_url(course)) as book, warnings.catch_warnings():
@@ -935,4 +951,4 @@ def test_a_grade_written_without_feedback_is_never_packed_with_the_earlier_page(
         said = capsys.readouterr().out
         assert "NO FEEDBACK for bobbob_1002: no page of their current grade" in said and "--no-feedback" in said, said
     assert zipfile.ZipFile(tmp_path / "upload" / f"{ASSIGNMENT}-feedback-canvas.zip").namelist() == []
-    assert not list((tmp_path / "upload" / ASSIGNMENT).iterdir())
+    assert not list((tmp_path / "upload" / ASSIGNMENT).iterdir())  # the earlier page removed (red team 16d, F)

@@ -546,6 +546,39 @@ def test_a_changed_set_up_cell_is_read_for_what_the_student_added_only():
     assert "reads the call stack" in review_flags.review_flags(stack, source)["p1"]
 
 
+def test_a_changed_set_up_cell_is_read_for_all_but_the_released_set_up_and_example_statements():
+    """Red team 16d: the statements "released" came from every cell of the instructor's source, tests
+    and solutions too: a test's statement pasted into the set-up cell went unread (B1: ex7's
+    `module.__class__ = foreign` loop; B2: a hidden test's `from mpcourse.numerics import ...`); a
+    statement 500 levels deep made `ast.unparse` raise RecursionError, and the student was never
+    graded (B3); the cell was parsed with no size or brace limit (B4)."""
+    def setup_of(name):
+        source = notebooks.read_notebook(ROOT / "solutions" / name / f"{name}.ipynb")
+        return source, next(notebooks.source_text(c) for c in source["cells"] if notebooks.grade_id(c) == "setup")
+
+    name = "ex7_fp16_nan_hunt"
+    source, setup = setup_of(name)
+    swap = ("model = [1]\nNaiveSoftmax = int\nforeign = bool\n"
+            "for module in model.modules():\n    if type(module) is NaiveSoftmax:\n        module.__class__ = foreign\n")
+    assert "changes an object's class" in review_flags.review_flags(with_cells(name, {"setup": setup + "\n" + swap}, []), source)["p1"]
+    name = "ex4_softmax_stability"
+    source, setup = setup_of(name)
+    hidden = "from mpcourse.numerics import naive_softmax as reference_naive\n"
+    assert hidden in "".join(notebooks.source_text(c) for c in source["cells"])  # a hidden test's line
+    flags = review_flags.review_flags(with_cells(name, {"setup": hidden + setup}, []), source)
+    assert any(why.startswith("uses the course library") for why in flags["p1"])
+    deep = "x = " + "+".join(["1"] * 500) + "\n"  # ast.parse copes; ast.unparse raised RecursionError
+    flags = review_flags.review_flags(with_cells(name, {"setup": setup + "\n" + deep}, []), source)
+    assert any(why.startswith("uses the course library") for why in flags["p1"])  # read whole
+    statements = review_flags.released_statements(source)
+    assert review_flags.own_statements(setup + "\n" + deep, statements) == setup + "\n" + deep
+    fields = "s = [" + ",".join('f"{a}"' for _ in range(review_flags.BRACES + 1)) + "]\n"
+    assert review_flags.own_statements(setup + "\n" + fields, statements) == setup + "\n" + fields  # not parsed: read whole
+    assert review_flags.review_flags(with_cells(name, {"setup": setup + fields}, []), source)["p1"] == [
+        f"holds more than {review_flags.BRACES:,} braces: not read here"]
+    assert review_flags.own_statements(setup + "\nimport statistics\n", statements) == "import statistics"
+
+
 def test_honest_notebook_habits_in_an_answer_cell_keep_their_points():
     solution = fabricate.solution_cells("ex2_loss_scaling")["p1_solution"]
     habits = solution + ("\n\ntorch.nextafter?\n?torch.finfo\ntorch.float16??  # the docs\n"
