@@ -31,13 +31,14 @@ EARLIER = "; before it, "      # grader/hidden_tests.py: the cells that raised, 
 
 
 def read_names(source: str) -> frozenset[str]:
-    """The names a cell reads from the notebook's globals (not those it only assigns, nor a
-    function's parameters and locals)."""
+    """The names a cell reads from the notebook's globals: not those it binds itself at its top level
+    (a loop's target, an assignment: student walkthrough 48h, D3, a try-out's own `name` and `fresh`
+    were said to be a test cell's), nor a function's parameters and locals."""
     tree = parsed(source)
     if tree is None:
         return frozenset()
     loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    return used_names(source) & loaded
+    return (used_names(source) & loaded) - bound_names(source)
 
 
 def set_by_tests(release: dict) -> dict[str, list[str]]:
@@ -52,6 +53,12 @@ def set_by_tests(release: dict) -> dict[str, list[str]]:
             for name in sorted(bound_names(source_text(cell)) - given):
                 names.setdefault(name, []).append(part_of(grade_id(cell)))
     return names
+
+
+def number(part: str) -> int:
+    """`p3` -> 3 (a part the name does not number comes last)."""
+    digits = part.removeprefix("p")
+    return int(digits) if digits.isdigit() else 10**6
 
 
 def whose(cell: str) -> str:
@@ -71,6 +78,9 @@ def note(part: dict, message: str, setters: dict[str, list[str]]) -> str | None:
     test cell sets and that the part's own cells read, or that its own failure (the message before
     EARLIER) says is undefined."""
     mine = part_of(part["test_id"])
+    # Only the test cells up to this part's had run when its test cell ran in the notebook (48h, D3).
+    setters = {name: parts for name, parts in ((n, [p for p in ps if number(p) <= number(mine)])
+                                               for n, ps in setters.items()) if parts}
     own = [src for name, src in part["cells"] if part_of(name) == mine and not example(name)]
     names = sorted(set().union(*map(read_names, own)) & setters.keys()) if own else []
     undefined = UNDEFINED.search(message.split(EARLIER, 1)[0])

@@ -74,6 +74,18 @@ def test_the_parts_own_failure_comes_first_and_the_notebooks_cells_are_not_the_s
     assert hidden_tests.failure(said, [], "p4_tests") == said
 
 
+def test_the_note_names_no_name_the_cell_binds_itself_nor_one_a_later_parts_test_cell_sets():
+    """Student walkthrough 48h, D3: a try-out's own loop variable `name` (which only Part 4's later
+    test cell also sets) and its own `fresh` were blamed as test cells' names."""
+    part = {"test_id": "p2_tests", "cells": [["p2_added (code cell 5)", "for name in ['a']:\n    print(name)\n"
+                                                                         "fresh = 1\nprint(fresh)\n"],
+                                             ["p2_solution", "def f():\n    return FP16 + S\n"]]}
+    said = "f() raised ValueError: no"
+    assert advice.note(part, said, {"name": ["p4"], "fresh": ["p2"]}) is None
+    note = advice.note(part, said, {"FP16": ["p1", "p2"], "S": ["p3"], "name": ["p2"]})
+    assert note.startswith("your code reads FP16, which the test cells of Parts 1 and 2 set") and "S, which" not in note, note
+
+
 def test_the_names_the_runner_gives_an_answer_are_the_runners():
     tree = ast.parse(RUNNER.read_text())
     given = set()
