@@ -51,6 +51,7 @@ import resource
 import select
 import signal
 import sys
+import types
 import time
 
 import numpy  # noqa: F401
@@ -157,16 +158,16 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
         exec(compile(job["setup"], "<set-up cell>", "exec"), answers)
         answers.update(NOTEBOOK_HABITS)
         random_state = rng_state()  # as the set-up cell left it
-        classes = {name: type(module) for name, module in list(sys.modules.items())}
+        before = modules_now()
         forbid_threads(guard_fd)
         for cell_id, source in part["cells"]:
             error = run_cell(source, f"<{whose(cell_id)}>", answers)
             if error:
                 stopped.append((cell_id, f"{whose(cell_id)} raised {error}"))
-        changed = module_class_changed(classes)
+        changed = modules_changed(before)
         if changed:
             record = {"observations": [], "stopped": f"the tests of this part did not run: the answer {changed}",
-                      "refused": f"{changed} (its attributes could then differ for the tests)"}
+                      "refused": f"{changed} (the tests could then call what the answer chose)"}
             write_record(record, record_fd)
         tests.update({name: answers[name] for name in part["names"] if name in answers})
         set_rng_state(random_state)  # the tests draw the same numbers whatever the answers drew
@@ -181,13 +182,35 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
     write_record(record, record_fd)
 
 
-def module_class_changed(classes: dict) -> str | None:
-    """What an answer changed of a module's class (red team 16d, A: a subclass of the module type
-    given to mpcourse.grading handed the tests an unwatched own_work, and _check_untampered the
-    real one), from `classes`, each module's class before the answers ran; None if nothing."""
-    for name, module in list(sys.modules.items()):
-        if name in classes and type(module) is not classes[name]:
-            return f"changed the class of the module {name[:100]}"
+WATCHED = ("mpcourse.grading", "mpcourse.records")  # the modules the tests check with
+
+
+def modules_now() -> tuple:
+    """What the tests' checks rest on, before the answers run: each module in sys.modules and its
+    class, and each function, class or module that the checking modules hold by name."""
+    modules = {name: (module, type(module)) for name, module in list(sys.modules.items())}
+    held = {name: {key: value for key, value in vars(sys.modules[name]).items()
+                   if callable(value) or isinstance(value, types.ModuleType)}
+            for name in WATCHED if name in sys.modules}
+    return modules, held
+
+
+def modules_changed(before: tuple) -> str | None:
+    """What the answers changed of `before` (modules_now), or None. Red team 16d, A: a subclass of
+    the module type given to mpcourse.grading handed the tests an unwatched own_work and the tamper
+    check the real one; 16e: a function of grading's that no check lists (`_is_forbidden`)
+    replaced in its namespace, grading's own `sys` swapped, a copy of grading put in sys.modules.
+    Each let a forbidden call pass unseen."""
+    modules, held = before
+    for name, (module, kind) in modules.items():
+        now = sys.modules.get(name, module)
+        if now is not module or type(now) is not kind:
+            return f"replaced the module {name[:100]} or changed its class"
+    for name, values in held.items():
+        namespace = vars(modules[name][0])
+        for key, value in values.items():
+            if namespace.get(key) is not value:
+                return f"replaced {name}.{key[:100]}"
     return None
 
 
@@ -304,7 +327,8 @@ def grade_part(job: dict, part: dict) -> dict:
     try:
         record = json.loads(text)
         if isinstance(record, dict) and isinstance(record.get("observations"), list):
-            return {"observations": record["observations"], "stopped": record.get("stopped")}
+            return {"observations": record["observations"], "stopped": record.get("stopped"),
+                    **({"refused": record["refused"][:300]} if isinstance(record.get("refused"), str) else {})}
     except (ValueError, RecursionError):
         pass
     cpu = os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL) and not timed_out

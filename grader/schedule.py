@@ -347,7 +347,7 @@ def record_flags(job: dict, records: dict) -> dict[str, list[str]]:
     for test_id, record in records.items():
         if record.get("refused"):
             why = str(record["refused"])
-            flags.setdefault(part_of(test_id), []).append(why if why.startswith("changed the class") else
+            flags.setdefault(part_of(test_id), []).append(why if why.startswith("replaced") else
                                                           "made the part's record unreadable: " + why)
         elif "did not finish" in str(record.get("stopped")) and added.get(test_id):
             flags.setdefault(part_of(test_id), []).append(TIMED_OUT_WITH_ADDED.format(", ".join(added[test_id])))

@@ -198,14 +198,15 @@ def test_every_exercise_test_cell_can_be_stripped_and_every_part_records_a_value
 
 def test_the_attack_that_records_the_expected_value_scores_only_where_the_tests_keep_it(monkeypatch):
     """Ablation: the checker patched to record each check's expected value as the answer, around a
-    wrong answer of the right shape and dtype; it passes ex4 Part 3 if the student's copy of the tests
-    keeps its expected values, and fails as it runs (without them)."""
+    wrong answer of the right shape and dtype. The student's copy of the tests holds no expected
+    value to steal; with that layer taken away (the copy keeping them), the part still fails, now
+    because the runner sees the checker's functions replaced (red team 16e's layer), and says so."""
     cells = {**fabricate.solution_cells("ex4_softmax_stability"), **hostile_corpus.TARGETED["steals_expected"]}
     verdicts, _ = test_student_answers.run("ex4_softmax_stability", cells, only="p3")
     assert not verdicts["p3_tests"]["passed"]
     monkeypatch.setattr(runs, "student_copy", lambda test, names=(), withheld=(): test)
     verdicts, _ = test_student_answers.run("ex4_softmax_stability", cells, only="p3")
-    assert verdicts["p3_tests"]["passed"]
+    assert not verdicts["p3_tests"]["passed"] and "replaced mpcourse.grading." in verdicts["p3_tests"]["message"], verdicts
 
 
 # --- issue 45: nothing in the student's sandbox computes an answer but the student's code --------

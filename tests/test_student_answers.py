@@ -811,9 +811,23 @@ def test_an_answer_that_changes_a_modules_class_fails_the_part_and_says_why():
     swap = ("class Checker(type(grading)):\n    pass\n"
             "setattr(grading, ''.join(reversed('__ssalc__')), Checker)\ndef f():\n    return 1\n")
     verdict = run_job(setup, [["p2_solution", swap]], "assert f() == 1\n", ["f"])
-    assert not verdict["passed"] and "changed the class of the module mpcourse.grading" in verdict["message"]
+    assert not verdict["passed"] and "replaced the module mpcourse.grading or changed its class" in verdict["message"]
     assert run_job(setup, [["p2_solution", "import torch.nn\ndef f():\n    return 1\n"]], "assert f() == 1\n",
                    ["f"])["passed"]  # importing more of a library changes no module's class
+    # Red team 16e: without a class change, each let ex4 Part 3's forbidden torch.softmax pass unseen
+    tricks = {"A2": 'vars(grading)["_is_forbidden"] = lambda name: False\n',
+              "A1": "import types as _t\n_copy = _t.ModuleType('sys')\n_copy.__dict__.update(vars(grading.sys))\n"
+                    "vars(grading)['sys'] = _copy\n",
+              "A3": "import sys as s\nimport types as _t\n_g = _t.ModuleType('mpcourse.grading')\n"
+                    "_g.__dict__.update(vars(grading))\ns.modules['mpcourse.grading'] = _g\n"}
+    said = {"A2": "replaced mpcourse.grading._is_forbidden", "A1": "replaced mpcourse.grading.sys",
+            "A3": "replaced the module mpcourse.grading"}
+    for name, trick in tricks.items():
+        job = {"secret": SECRET, "timeout": 60, "setup": setup,
+               "parts": [{"test_id": "p2_tests", "cells": [["p2_solution", trick + "def f():\n    return 1\n"]],
+                          "names": ["f"], "test": "assert f() == 1\n"}]}
+        record = runner(job)["p2_tests"]
+        assert said[name] in str(record["stopped"]) and said[name] in record.get("refused", ""), (name, record)
 
 
 def test_a_module_reaches_the_answer_cells_where_a_cell_imports_it_as_in_the_notebook():
