@@ -306,8 +306,9 @@ def memory_bandwidth(device=None, size_mb: float | None = None, **options) -> Ba
 def alignment_multiple(precision) -> int:
     """The size multiple tensor cores like best: 16 bytes' worth of elements, 16 / itemsize.
 
-    FP32/TF32: 4, FP16/BF16: 8, FP8: 16 (NVIDIA's matrix-multiplication performance guide; on
-    A100 and later, multiples of 64 FP16 elements, 128 bytes, are better still).
+    TF32: 4 (also returned for FP32, whose strict products run on CUDA cores with no tile rule),
+    FP16/BF16: 8, FP8: 16 (NVIDIA's matrix-multiplication performance guide; on
+    A100, multiples of 64 FP16 elements, 128 bytes, are better still).
     """
     return 16 // PRECISION_DTYPES[precision_name(precision)].itemsize
 
