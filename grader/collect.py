@@ -17,7 +17,8 @@ The names the two systems give a submitted file:
   handed in late, and the file's name suffixed `-1`, `-2`, ... when the student uploaded it again;
   the download holds each student's current submission, each of its files under its own id;
 - Moodle: `Jane Doe_12345_assignsubmission_file_ex2_loss_scaling.ipynb`, or a folder
-  `Jane Doe_12345_assignsubmission_file_/` holding the file ("download submissions in folders"),
+  `Jane Doe_12345_assignsubmission_file/` (Moodle 4.1 on; before it with a last `_`) holding the
+  file ("download submissions in folders"),
   the file's name suffixed ` (1)`, ` (2)`, ... when uploaded again.
 
 Only the download's own files are read: a notebook's owner is the name the LMS wrote at the top of
@@ -64,11 +65,13 @@ from grader.report import one_line, plural, printable, text_of
 CANVAS = re.compile(r"^(?P<person>[\w.\-]+?)(?P<late>_late)?_(?P<user>\d+)_(?P<file>\d+)_(?P<name>.+)$",
                     re.I)  # \w: a name may hold any letter (müllerjürgen)
 ANONYMOUS = re.compile(r"^(late_)?anon_", re.I)  # Canvas's names with anonymous grading on
-MOODLE = re.compile(r"^(?P<person>.+?)_(?P<user>\d+)_assign(?:submission|feedback)_[a-z]+_(?P<name>.*)$")
+# Moodle 4.1 on names a student's folder `Jane Doe_12345_assignsubmission_file` (mod/assign's
+# downloader); earlier releases, and its flat download's file names, end that part with `_`.
+MOODLE = re.compile(r"^(?P<person>.+?)_(?P<user>\d+)_assign(?:submission|feedback)_[a-z]+(?:_(?P<name>.*))?$")
 # Where the LMS's own fields may start in a name (Canvas: user and file ids; Moodle: the
 # participant number): a name where they could start at two places reads as two students' uploads.
 CANVAS_FIELDS = re.compile(r"(?=_\d+_\d+_.)")
-MOODLE_FIELDS = re.compile(r"(?=_\d+_assign(?:submission|feedback)_[a-z]+_)")
+MOODLE_FIELDS = re.compile(r"(?=_\d+_assign(?:submission|feedback)_[a-z]+(?:_|$))")
 
 
 def ambiguous(name: str, fields: re.Pattern) -> bool:

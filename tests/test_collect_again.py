@@ -382,6 +382,17 @@ def test_a_canvas_id_never_starts_with_a_dash_or_a_dot():
     assert ids == {"--help": "help_4455", ".hidden": "hidden_4455", "-.-": "_4455", "doe-jane": "doe-jane_4455"}
 
 
+def test_a_moodle_folder_as_moodle_4_1_on_names_it_is_collected():
+    """Review 52g (wrong): Moodle 4.1 on names a student's folder `Jane Doe_12345_assignsubmission_file`,
+    with no `_` after the plugin (mod/assign/classes/downloader.php): collect took no one."""
+    from grader import collect
+    for folder in ("Jane Doe_12345_assignsubmission_file", "Jane Doe_12345_assignsubmission_file_"):
+        info = collect.moodle(Path(f"{folder}/{A}.ipynb"))
+        assert info["student_id"] == "jane_doe_12345" and info["uploaded"] == f"{A}.ipynb", (folder, info)
+    refused = collect.moodle(Path(f"Mal_777_assignsubmission_file_ x_12345_assignsubmission_file/{A}.ipynb"))
+    assert refused["student_id"] is None and "ambiguous" in refused
+
+
 def test_a_student_named_with_another_shard_is_said_to_be_there(tmp_path, capsys, monkeypatch):
     """Red team 45k, A05: the guide's regrade command (`--student ID --regrade`) with `--shard K/N`
     graded no one, saying only "0 students graded"."""
