@@ -61,8 +61,8 @@ def accumulator_format(mantissa_bits: int) -> FloatFormat:
 
     ``accumulator_format(13)`` keeps 14 significant bits (13 stored plus the implicit 1), a model
     of the ~14 bits DeepSeek-V3 measured on H800 FP8 tensor cores. A model, not the circuit:
-    here the sum is rounded to nearest after each addition, where the hardware aligns and
-    truncates.
+    here the sum is rounded to nearest after each addition, where the hardware aligns the
+    addends and, in Khattak and Mikaitis' H100 model, truncates them (disputed for older GPUs).
     """
     return FloatFormat(f"acc_m{mantissa_bits}", exponent_bits=8, mantissa_bits=mantissa_bits)
 
