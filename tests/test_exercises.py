@@ -498,18 +498,19 @@ def test_busy_processes_in_new_sessions_do_not_starve_a_neighbour(tmp_path):
     the other does a fixed amount of work. The busy one holds at most its CPU share (cgroup), the
     number of processes it may start is capped, and the neighbour's slowdown is measured."""
     limits = runs.sandboxing.Limits(seconds=12, cpu_seconds=100, processes=64)  # the neighbour: a few seconds
+    busy = runs.sandboxing.Limits(seconds=8, cpu_seconds=100, processes=64)  # ends at its wall-clock limit
     alone = in_sandbox(tmp_path / "alone", NEIGHBOUR, limits=limits)
     attacker = {}
-    thread = threading.Thread(target=lambda: attacker.update(run=in_sandbox(tmp_path / "attacker", FORKS, 400, limits=limits)))
+    thread = threading.Thread(target=lambda: attacker.update(run=in_sandbox(tmp_path / "attacker", FORKS, 400, limits=busy)))
     thread.start()
-    time.sleep(4)
+    time.sleep(3)
     beside = in_sandbox(tmp_path / "next", NEIGHBOUR, limits=limits)
     thread.join()
     run = attacker["run"]
     assert alone.returncode == 0 and beside.returncode == 0, beside.stderr
     slowdown = float(beside.stdout.split("SECONDS")[1]) / float(alone.stdout.split("SECONDS")[1])
     print(f"neighbour's slowdown next to {run.stdout.strip()} busy processes: {slowdown:.2f}x")
-    assert run.killed == "time" and int(run.stdout.split("STARTED")[1]) < limits.processes
+    assert run.killed == "time" and int(run.stdout.split("STARTED")[1]) < busy.processes
     if run.cpu_seconds is not None:  # cgroups here: the busy sandbox got at most its share of the CPU
         assert run.cpu_seconds <= limits.cpus * run.wall_seconds * 1.05 + 1
 
