@@ -93,6 +93,8 @@ def compare(reference: dict, student: dict) -> str | None:
     if kind == "own_work":
         calls = student.get("calls")
         calls = [str(c) for c in calls][:5] if isinstance(calls, list) else ["(a damaged record of its calls)"]
+        if student.get("forbidden") != reference.get("forbidden"):  # changed while the tests ran (red team 16f)
+            calls.append("(the part's forbidden functions were replaced)")
         return own_work_problem(what, calls)
     raise ReferenceProblem(f"the reference recorded a check of an unknown kind: {kind!r}")
 

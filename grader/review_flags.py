@@ -66,10 +66,13 @@ SUSPECT_CALLS = {
 # Calls that import a module named by their first argument: a name built at run time hides which
 # (red team 45g, A02b: `pkgutil.resolve_name("mpcourse" + ".formats:...")`).
 IMPORTS_BY_NAME = {"import_module", "resolve_name", "__import__", "find_spec"}
-# What runs unseen by the own-work watcher (a Python profiler) and the checks of forbidden calls:
-# TorchScript runs in torch's C++ interpreter (red team 45g, A01b, A01c: `torch.softmax` and a
-# forbidden fused kernel called from a `torch.jit.CompilationUnit`, 10 of 10, unflagged).
-UNWATCHED = "runs unseen by the checks of forbidden calls and of own work"
+# What runs unseen by the own-work watcher (a Python profiler): TorchScript runs in torch's C++
+# interpreter (red team 45g, A01b, A01c: `torch.softmax` and a forbidden fused kernel called from a
+# `torch.jit.CompilationUnit`, 10 of 10, unflagged; the forbidden calls are now seen at torch's
+# dispatcher, mpcourse.grading._ForbiddenOps, a library function compiled so is not).
+UNWATCHED = "runs unseen by the check of own work (the course library's functions)"
+# What switches off the check of forbidden calls, a torch dispatch mode (mpcourse.grading._ForbiddenOps).
+DISPATCH = "switches torch's dispatch modes (the check of forbidden calls is one)"
 # What reads or replaces the watcher itself: its profiler, and the list of calls it keeps in its
 # closure (red team 45g, A02b: `sys.getprofile().__closure__[i].cell_contents.clear()`).
 WATCHER = "the own-work check"
@@ -86,7 +89,9 @@ SUSPECT_NAMES = {
     "__module__": "finds modules through objects", "__file__": "reads where a module's file is",
     "importlib": "imports modules by name", "pkgutil": "imports modules by name",
     **dict.fromkeys(("jit", "CompilationUnit"), f"compiles TorchScript, which {UNWATCHED}"),
-    "_C": f"calls torch's C internals, which {UNWATCHED}",
+    "_C": f"calls torch's C internals, which {UNWATCHED} and can switch off the check of forbidden calls",
+    **dict.fromkeys(("_python_dispatch", "TorchDispatchMode", "_disable_current_modes", "_pop_mode",
+                     "DisableTorchDispatch", "_DisableTorchDispatch", "_ExcludeDispatchKeyGuard"), DISPATCH),
     **dict.fromkeys(("__closure__", "cell_contents"), f"reads functions' closures (where {WATCHER} keeps its record)"),
     **dict.fromkeys(("getprofile", "gettrace", "setprofile", "settrace", "setprofile_all_threads",
                      "settrace_all_threads"), f"reads or switches profilers ({WATCHER} is one)"),

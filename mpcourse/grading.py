@@ -48,11 +48,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from mpcourse.records import (OBSERVED_VALUES, RECORD_BYTES, RECORD_VALUES, closeness_problem, data,  # noqa: F401
                               difference, numbers_of, own_work_problem, raises_problem, record_problem,
                               same_data, shown_data)
 from mpcourse import records as _records
+
+_records.torch_readers(torch)  # before any student code (red team 16f)
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 _THIS_FILE = Path(__file__).resolve()
@@ -71,16 +74,21 @@ _GUARDED = {
             "isfinite", "abs", "max", "min", "all", "any", "exp", "softmax", "zeros", "ones",
             "randn", "rand", "manual_seed", "matmul", "float16", "bfloat16", "float32", "float64"],
     torch.testing: ["assert_close"],
+    sys: ["setprofile", "settrace", "getprofile", "gettrace"],
+    threading: ["setprofile", "settrace"],
     torch.Tensor: ["__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__abs__", "__sub__",
                    "__truediv__", "__mul__", "__add__", "abs", "all", "any", "item", "tolist",
                    "allclose", "equal", "isnan", "isinf", "isfinite", "max", "min", "to", "float",
                    "double", "numpy", "sum", "mean", "exp"],
 }
+# As imported, before any student code: a name replaced later changes nothing here (red team 16f).
+_current_dispatch_mode = _get_current_dispatch_mode
+_PROFILING = (sys.setprofile, sys.settrace, sys.getprofile, sys.gettrace, threading.setprofile)
 _ORIGINALS = {(owner, name): getattr(owner, name) for owner, names in _GUARDED.items()
               for name in names}
 _MODULES = (np, torch, sys, math)  # as imported, before any student code
 _parts_passed: list[str] = []
-_forbidden: set[str] = set()   # names of torch functions the current part may not call
+_forbidden: frozenset[str] = frozenset()  # names of torch functions the current part may not call (start)
 _secret = ""                   # set by the hidden-test runner only
 _observations: list | None = None  # set by the hidden-test runner: record what happened, decide nothing
 raised_in: tuple | None = None  # (exception, call) of the last call own_work made that raised
@@ -159,6 +167,7 @@ def start(part: str, forbidden: tuple[str, ...] = (), withheld: tuple[str, ...] 
     The tests run with torch's defaults, whatever a cell set before them: default dtype float32,
     float32 matrix products in full float32 ("highest"), subnormal numbers kept (no flush to zero).
     When graded, the reference's process has never changed them (red team 45f: A08, A03)."""
+    global _forbidden
     _check_untampered()
     if torch.get_default_dtype() != torch.float32:  # the tests' own inputs would change dtype
         print(f"torch's default dtype was {torch.get_default_dtype()} (torch.set_default_dtype): "
@@ -172,8 +181,7 @@ def start(part: str, forbidden: tuple[str, ...] = (), withheld: tuple[str, ...] 
         print("subnormal numbers were flushed to zero (torch.set_flush_denormal(True)): the tests "
               "set it back to False, the default.")
         torch.set_flush_denormal(False)
-    _forbidden.clear()
-    _forbidden.update(forbidden)
+    _forbidden = frozenset(str(name) for name in forbidden)  # a new one each part: nothing to update in place
     if part in _parts_passed:
         _parts_passed.remove(part)
 
@@ -203,14 +211,36 @@ COMPUTED_INSIDE = {"softmax": ("scaled_dot_product", "masked_softmax", "multi_he
                                "flash_attention", "efficient_attention", "cudnn_attention")}
 
 
-def _is_forbidden(name) -> bool:
-    """A forbidden name, one of its other spellings (torch._softmax, torch.special.softmax, whose
-    __name__ is special_softmax), or an operation that computes it inside (COMPUTED_INSIDE)."""
+def _is_forbidden(name, forbidden: frozenset[str]) -> bool:
+    """A name of `forbidden`, one of its other spellings (torch._softmax, torch.special.softmax,
+    whose __name__ is special_softmax, aten's _safe_softmax), or an operation that computes it
+    inside (COMPUTED_INSIDE)."""
     if not isinstance(name, str):
         return False
-    bare = name.lstrip("_").removeprefix("special_")
-    return bare in _forbidden or any(inside in bare for forbidden in _forbidden
-                                     for inside in COMPUTED_INSIDE.get(forbidden, ()))
+    bare = name.lstrip("_").removeprefix("special_").removeprefix("safe_")
+    return bare in forbidden or any(inside in bare for what in forbidden
+                                    for inside in COMPUTED_INSIDE.get(what, ()))
+
+
+class _ForbiddenOps(TorchDispatchMode):
+    """Adds to `calls` each forbidden operation torch's dispatcher runs while it is on, whoever
+    called it: Python, C code (`next(map(torch.softmax, [x], [-1]))`, which no Python profiler sees:
+    red team 16f), TorchScript, or another operation that computes it inside (cross-entropy's
+    log-softmax). Every tensor operation passes through here as `aten::<name>`."""
+
+    def __init__(self, forbidden: frozenset[str], calls: list[str]):
+        super().__init__()
+        self.forbidden, self.calls = forbidden, calls
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:  # else torch wraps __torch_dispatch__, and its first call imports
+        return False                       # torch._dynamo: 1 s in every part's run (torch 2.13)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.split("::")[-1]
+        if _is_forbidden(name, self.forbidden):
+            self.calls.append(f"torch.ops.aten.{name}")
+        return func(*args, **(kwargs or {}))
 
 
 def _torch_name(frame) -> str:
@@ -222,20 +252,23 @@ def _torch_name(frame) -> str:
 
 
 @contextlib.contextmanager
-def _watch_calls_into(directory: Path, excluded: Path):
+def _watch_calls_into(directory: Path, excluded: Path, forbidden: frozenset[str]):
     """Yield a list that fills with the mpcourse functions (and forbidden torch functions) called
     inside the block. Two watchers (the profiler and the tracer) and sys.setprofile/settrace
     replaced for the call: switching both off needs code written against this module."""
     calls: list[str] = []
+    library: dict[str, bool] = {}  # file name -> a library file other than `excluded` (each resolved once)
 
     def profiler(frame, event, arg):
         if event == "call":
             filename = frame.f_code.co_filename
-            if filename.startswith(str(directory)) and Path(filename).resolve() != excluded:
+            if filename not in library:
+                library[filename] = filename.startswith(str(directory)) and Path(filename).resolve() != excluded
+            if library[filename]:
                 calls.append(f"{Path(filename).stem}.{frame.f_code.co_name}")
-            elif filename.startswith(str(_TRUSTED_DIRS[1])) and _is_forbidden(name := _torch_name(frame)):
+            elif filename.startswith(str(_TRUSTED_DIRS[1])) and _is_forbidden(name := _torch_name(frame), forbidden):
                 calls.append(f"torch {name}")
-        elif event == "c_call" and _is_forbidden(getattr(arg, "__name__", None)):
+        elif event == "c_call" and _is_forbidden(getattr(arg, "__name__", None), forbidden):
             calls.append(f"torch.{arg.__name__}")
 
     def tracer(frame, event, arg):
@@ -245,20 +278,40 @@ def _watch_calls_into(directory: Path, excluded: Path):
     def refuse(*args):
         calls.append("(the grader's call watcher was switched off)")
 
-    saved = (sys.getprofile(), sys.gettrace(), sys.setprofile, sys.settrace)
-    sys.setprofile(profiler)
-    sys.settrace(tracer)
-    threading.setprofile(profiler)
+    setprofile, settrace, getprofile, gettrace, threads_setprofile = _PROFILING  # as imported (red team 16f)
+    saved = (getprofile(), gettrace(), sys.setprofile, sys.settrace)
+    setprofile(profiler)
+    settrace(tracer)
+    threads_setprofile(profiler)
     sys.setprofile, sys.settrace = refuse, refuse
     try:
         yield calls
     finally:
         sys.setprofile, sys.settrace = saved[2], saved[3]
-        still_ours = sys.getprofile() is profiler and sys.gettrace() is tracer
-        sys.setprofile(saved[0])
-        sys.settrace(saved[1])
-        threading.setprofile(None)
+        still_ours = getprofile() is profiler and gettrace() is tracer
+        setprofile(saved[0])
+        settrace(saved[1])
+        threads_setprofile(None)
         if not still_ours:
+            calls.append("(the grader's call watcher was switched off)")
+
+
+@contextlib.contextmanager
+def _forbidden_ops(forbidden: frozenset[str] | None, calls: list[str]):
+    """_ForbiddenOps on for the block, if the part forbids anything; a watcher taken off inside the
+    block, or a forbidden set that is not the one start() made (None), is itself a call the part
+    forbids."""
+    if forbidden is None:
+        calls.append("(the part's forbidden functions were replaced)")
+        yield
+        return
+    if not forbidden:
+        yield
+        return
+    mode = _ForbiddenOps(forbidden, calls)
+    with mode:
+        yield
+        if _current_dispatch_mode() is not mode:
             calls.append("(the grader's call watcher was switched off)")
 
 
@@ -292,15 +345,18 @@ def own_work(function, *args, **kwargs):
     global raised_in
     if not callable(function):
         raise AssertionError(f"expected a function, got {type(function).__name__}")
+    forbidden = _forbidden if type(_forbidden) is frozenset else None  # None: replaced (red team 16f)
     try:
-        with _watch_calls_into(_PACKAGE_DIR, _THIS_FILE) as calls:
+        with _watch_calls_into(_PACKAGE_DIR, _THIS_FILE, forbidden or frozenset()) as calls, \
+                _forbidden_ops(forbidden, calls):
             result = function(*args, **kwargs)
     except Exception as error:
         raised_in = (error, call_text(function, *args, **kwargs))  # the runner names the call (walkthrough 5)
         raise
     name = getattr(function, "__name__", "your code")
     if _observations is not None:  # graded: the judge decides (grader/judge.py)
-        _observations.append({"check": "own_work", "what": name, "calls": sorted(set(calls))[:5]})
+        _observations.append({"check": "own_work", "what": name, "calls": sorted(set(calls))[:5],
+                              "forbidden": None if forbidden is None else sorted(forbidden)})
     elif calls:
         raise AssertionError(own_work_problem(name, sorted(set(calls))))
     _check_exact_types(result, name)
@@ -358,7 +414,7 @@ def _as_array(value, what: str):
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = np.float64(value)
     if isinstance(value, torch.Tensor):
-        value = value.detach().cpu().double().numpy()
+        value = _records.tensor_values(value)[2]
     if not isinstance(value, (np.ndarray, np.floating, np.integer)):
         return f"{what} should be a number, array or tensor, got {type(value).__name__}"
     return np.asarray(value, dtype=np.float64)

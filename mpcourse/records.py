@@ -56,9 +56,8 @@ def data(value, depth: int = 0):
         if isinstance(value, torch.device):
             return {"device": value.type}
         if isinstance(value, torch.Tensor):
-            tensor = value.detach()
-            values = tensor.cpu().to(torch.float64) if not tensor.is_complex() else tensor.cpu().abs().double()
-            return {"tensor": str(tensor.dtype), "device": tensor.device.type, **_numbers(values.numpy())}
+            dtype, device, values = tensor_values(value)
+            return {"tensor": dtype, "device": device, **_numbers(values)}
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biuf":
             return {"other": f"array of {value.dtype}"}
@@ -70,6 +69,32 @@ def data(value, depth: int = 0):
         return {"dict": sorted(([data(k, depth + 1), data(v, depth + 1)] for k, v in list(value.items())[:10_000]),
                                key=repr)}
     return {"other": type(value).__name__}
+
+
+_TORCH_READERS = None  # torch's, as first imported: held before any student code runs (mpcourse.grading)
+
+
+def torch_readers(torch) -> tuple:
+    """What a tensor is read with: torch's C tensor type, whose methods no code can replace (red
+    team 16f: a Tensor.detach replaced in a notebook recorded what it chose instead of the answer),
+    and the switches that turn off, while it is read, any torch-function or dispatch mode a notebook
+    left on. Taken once, when mpcourse.grading imports this module, before any student code."""
+    global _TORCH_READERS
+    if _TORCH_READERS is None:
+        _TORCH_READERS = (torch._C.TensorBase, torch._C.DisableTorchFunction, torch._C._DisableTorchDispatch,
+                          torch.float64)
+    return _TORCH_READERS
+
+
+def tensor_values(tensor) -> tuple[str, str, np.ndarray]:
+    """(dtype, device type, float64 values on the CPU; a complex tensor's magnitudes) of `tensor`."""
+    base, no_functions, no_dispatch, float64 = torch_readers(sys.modules["torch"])
+    with no_functions(), no_dispatch():
+        tensor = base.detach(tensor)
+        dtype, device = base.dtype.__get__(tensor), base.device.__get__(tensor)
+        cpu = base.cpu(tensor)
+        values = base.to(base.abs(cpu) if base.is_complex(cpu) else cpu, float64)
+        return str(dtype), device.type, base.numpy(values)
 
 
 def numbers_of(record: dict) -> np.ndarray | str:
@@ -208,6 +233,10 @@ def own_work_problem(name: str, calls: list[str]) -> str | None:
     if not calls:
         return None
     names = ", ".join(calls[:5])
+    changed = [call.strip("()") for call in calls if call.startswith("(")]
+    if changed:  # the check itself was switched off or changed while the answer ran (grading.own_work)
+        return (f"while {name} ran, {'; '.join(changed)}: the tests cannot tell what it called, "
+                "so this part does not pass.")
     if any(call.startswith("torch") for call in calls):
         return f"{name} calls {names}, which this part asks you not to use."
     return (f"{name} calls the course library ({names}). "

@@ -666,12 +666,18 @@ def test_the_red_team_45g_evasions_and_missing_packages_are_flagged():
     def flags_of(code):
         return review_flags.review_flags({"cells": [{"cell_type": "code", "source": code,
                                                      "metadata": {"nbgrader": {"grade_id": "p1_solution"}}}]}).get("p1", [])
-    torchscript = "compiles TorchScript, which runs unseen by the checks of forbidden calls and of own work"
+    torchscript = "compiles TorchScript, which runs unseen by the check of own work (the course library's functions)"
     for code in ('_s = torch.jit.CompilationUnit("""def f(x: Tensor) -> Tensor:\n    return torch.softmax(x, 0)\n""")\n',
                  "from torch.jit import script\nf = script(g)\n", "f = torch.jit.trace(g, x)\n",
                  "from torch import jit\n", "import torch.jit as j\n"):
         assert torchscript in flags_of(code), code
     assert "calls torch's C internals, which runs unseen" in " ".join(flags_of("y = torch._C._nn.softmax(x)\n"))
+    # Red team 16f: the check of forbidden calls is a torch dispatch mode; what switches modes off is flagged
+    dispatch = "switches torch's dispatch modes (the check of forbidden calls is one)"
+    for code in ("from torch.utils._python_dispatch import _disable_current_modes\n",
+                 "with torch.utils._python_dispatch._disable_current_modes():\n    pass\n",
+                 "class M(TorchDispatchMode):\n    pass\n"):
+        assert dispatch in flags_of(code), code
     closure = "reads functions' closures (where the own-work check keeps its record)"
     profiler = "reads or switches profilers (the own-work check is one)"
     assert closure in flags_of("for c in f.__closure__:\n    c.cell_contents.clear()\n")

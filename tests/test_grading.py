@@ -1,4 +1,6 @@
 """mpcourse.grading, the checker inside every exercise: it must fail what it claims to catch."""
+import functools
+import operator
 import sys
 import types
 
@@ -161,6 +163,99 @@ def test_a_part_can_forbid_a_torch_function(call):
     finally:
         grading.start("Part 9")
     grading.own_work(call, torch.randn(3))  # allowed where the part forbids nothing
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: next(map(torch.softmax, [x], [0])),  # C code calls it: no Python profiler sees the call
+    lambda x: functools.reduce(torch.softmax, [x, 0]),
+    lambda x: operator.methodcaller("softmax", 0)(x),
+    lambda x: torch.jit.script(_scripted_softmax)(x),  # TorchScript's interpreter calls it
+    # a softmax computed inside another operation: each target's probability is exp(-cross-entropy)
+    lambda x: torch.exp(-torch.nn.functional.cross_entropy(x.expand(3, 3), torch.arange(3), reduction="none")),
+])
+def test_a_forbidden_function_is_seen_whoever_calls_it(call):
+    """Red team 16f, F1/F5/F6: the profiler sees only calls made from Python; the dispatcher sees
+    every operation that runs (`aten::_softmax`, `aten::_log_softmax`)."""
+    grading.start("Part 9", forbidden=("softmax", "log_softmax"))
+    try:
+        with pytest.raises(AssertionError, match="softmax.*asks you not to use"):
+            grading.own_work(call, torch.randn(3))
+    finally:
+        grading.start("Part 9")
+    grading.own_work(call, torch.randn(3))  # allowed where the part forbids nothing
+
+
+def _scripted_softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, 0)
+
+
+def test_an_honest_answer_under_the_dispatch_watcher_gives_what_it_gives_alone():
+    grading.start("Part 9", forbidden=("softmax", "log_softmax"))
+    try:
+        x = torch.randn(4, 5, requires_grad=True)
+        y = grading.own_work(softmax_from_primitives, x)
+        y.sum().backward()  # autograd works through it
+        assert torch.equal(y, softmax_from_primitives(x)) and x.grad is not None
+    finally:
+        grading.start("Part 9")
+
+
+def test_taking_the_forbidden_list_or_the_profiler_functions_away_fails_the_part():
+    """Red team 16f, F2 and F7: a forbidden set whose update ignores the names, and sys.setprofile
+    replaced by a fake that keeps what it is given."""
+    grading.start("Part 9", forbidden=("softmax",))
+    try:
+        with pytest.raises(AttributeError):  # start() makes a new frozen set each part: nothing to update
+            grading._forbidden.update({"x"})
+        vars(grading)["_forbidden"] = set()  # not the frozen set start() made
+        with pytest.raises(AssertionError, match="forbidden functions were replaced"):
+            grading.own_work(softmax_from_primitives, torch.randn(3))
+    finally:
+        grading.start("Part 9")
+    grading.start("Part 9", forbidden=("softmax",))
+    real = sys.setprofile
+    vars(sys)["setprofile"] = lambda function: None
+    try:
+        with pytest.raises(AssertionError, match="softmax.*asks you not to use"):  # the watcher is installed all the same
+            grading.own_work(lambda x: torch.softmax(x, 0), torch.randn(3))
+        with pytest.raises(grading.TamperingError, match="sys.setprofile"):
+            grading.passed("Part 9")
+    finally:
+        vars(sys)["setprofile"] = real
+        grading.start("Part 9")
+
+
+def test_a_tensor_is_recorded_as_it_is_whatever_its_methods_were_replaced_with():
+    """Red team 16f, F8: Tensor.detach replaced recorded what it chose (softmax of the answer)."""
+    from mpcourse import records
+    x = torch.tensor([1.0, 2.0, 3.0])
+    honest = records.data(x)
+    saved = {name: vars(torch.Tensor).get(name) for name in ("detach", "dtype")}
+    torch.Tensor.detach = lambda self: torch.softmax(self, 0)
+    torch.Tensor.dtype = property(lambda self: torch.float64)
+    try:
+        assert records.data(x) == honest
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, value)
+
+
+def test_a_mode_left_on_does_not_change_what_is_recorded():
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from mpcourse import records
+
+    class Normalise(TorchDispatchMode):  # every copy of a tensor comes out divided by its sum
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            return out / out.sum() if func is torch.ops.aten._to_copy.default else out
+
+    x = torch.tensor([1.0, 3.0])
+    honest = records.data(x)
+    with Normalise():
+        assert records.data(x) == honest
 
 
 def test_start_sets_torchs_default_dtype_back_to_float32_and_says_so(capsys):

@@ -99,6 +99,7 @@ def test_the_targeted_attacks_are_caught_for_the_reason_they_exist(graded_with_r
     # the watcher switched off around the library's reference: the reference is not there (issue 45)
     assert "is withheld while your work is graded" in messages["watcher_switched_off"]["p3_tests"]
     assert "torch.softmax" in messages["forbidden_softmax"]["p3_tests"]
+    assert "torch.ops.aten._softmax" in messages["forbidden_from_c"]["p3_tests"]
     assert "overflow_threshold" in messages["uses_the_tests_helper"]["p2_tests"]
     assert "subclass of float" in messages["always_equal_float"]["p2_tests"]
 

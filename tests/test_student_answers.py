@@ -830,6 +830,31 @@ def test_an_answer_that_changes_a_modules_class_fails_the_part_and_says_why():
         assert said[name] in str(record["stopped"]) and said[name] in record.get("refused", ""), (name, record)
 
 
+def test_red_team_16f_a_forbidden_call_from_c_code_or_a_replaced_reader_fails_ex4_part_3():
+    """Red team 16f, each 3/3 unflagged under `python -m grader grade`: torch.softmax called by C
+    code (`map`, which no Python profiler sees), Tensor.detach replaced so that the record was the
+    softmax of an answer that never normalises, and the part's forbidden set emptied in place."""
+    solution = fabricate.solution_cells("ex4_softmax_stability")["p3_solution"]
+    last = "    return (e / e.sum(dim=dim, keepdim=True)).to(x.dtype)"
+    assert last in solution
+    unnormalised = solution.replace(last, "    return e.to(x.dtype)")
+    answers = {
+        "map": solution.replace(last, "    return next(map(torch.softmax, [z], [dim])).to(x.dtype)"),
+        "detach": "def _detach(self):\n    return torch.softmax(self.double(), -1) if self.dim() else self\n"
+                  "type(torch.zeros(1)).detach = _detach\n" + unnormalised,
+        "forbidden set": "from mpcourse import grading as _g\n"
+                         "class _Deaf(set):\n    def update(self, *names):\n        pass\n"
+                         "vars(_g)['_forbidden'] = _Deaf()\n"
+                         + solution.replace(last, "    return torch.softmax(z, dim).to(x.dtype)"),
+    }
+    for name, answer in answers.items():
+        verdict = run("ex4_softmax_stability", {"p3_solution": answer}, only="p3")[0]["p3_tests"]
+        assert not verdict["passed"], (name, verdict)
+    assert run("ex4_softmax_stability", {"p3_solution": solution}, only="p3")[0]["p3_tests"]["passed"]  # the control
+    said = run("ex4_softmax_stability", {"p3_solution": answers["map"]}, only="p3")[0]["p3_tests"]["message"]
+    assert "softmax" in said and "asks you not to use" in said, said
+
+
 def test_a_module_reaches_the_answer_cells_where_a_cell_imports_it_as_in_the_notebook():
     """Student walkthrough 48g, D4: grading gave `math`, `np`, `torch`, ... to every answer cell, so
     a forgotten import that failed the part in the notebook (no tick) scored full marks. (Red team
