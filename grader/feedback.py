@@ -197,14 +197,24 @@ def files_cell(graded: str, others: list[str], handed_out: set[str] = frozenset(
     return {"cell_type": "markdown", "metadata": {}, "source": inert_markdown(text[:2000])}
 
 
+def stopped_cell(stopped: str) -> dict:
+    """Where the student's notebook, as handed in, stopped before test cells (notebooks.stopped_at)."""
+    text = (f"Your notebook as handed in stopped at {stopped}: *Run All* stops at a cell that raises, so "
+            "the test cells after it did not run in your notebook (a tick they show there is from an earlier "
+            "run). Grading runs each part on its own: those parts are graded below. Fix or remove that cell, "
+            "so that your notebook runs to the end.")
+    return {"cell_type": "markdown", "metadata": {}, "source": inert_markdown(text)}
+
+
 def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict,
-                      files: tuple | None = None) -> dict:
+                      files: tuple | None = None, stopped: str | None = None) -> dict:
     """The notebook generate_feedback renders: inert, test cells as released plus the verdict of
     the hidden tests and what the visible tests printed or raised (`verdicts` hold safe messages);
     `files`: (the graded file's name, the submission's other notebooks[, those of them as handed
-    out]), said first."""
+    out]), said first; `stopped`: where the notebook as handed in stopped before test cells."""
     released = {grade_id(c): c for c in release["cells"] if grade_id(c)}
     cells, budget, sources = ([files_cell(*files)] if files else []), [OUTPUT_CHARS], [SOURCE_TOTAL]
+    cells += [stopped_cell(stopped)] if stopped else []
     ran = normalised(ran, release)
     untouched = untouched_parts(ran, release)
     for cell in ran["cells"]:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from grader.course import ENV, nbgrader, nbgrader_command
 from grader.feedback import feedback_notebook, safe_message
-from grader.notebooks import grade_id, submission_files, uploaded_as, write_private
+from grader.notebooks import grade_id, read_submission, stopped_at, submission_files, uploaded_as, write_private
 from grader.report import shortened
 
 STUDENT_ID_CHARS = 128  # nbgrader's student.id, varchar(128): PostgreSQL refuses more, SQLite would not
@@ -284,8 +284,12 @@ def record(gradebook, course, assignment, student, result, points, release, repo
             files = (*files, uploaded_as(course, student, assignment, files[0]))
         except (OSError, ValueError):
             files = None
-        write_private(folder / f"{assignment}.ipynb", json.dumps(feedback_notebook(ran, release, points, shown, files),
-                                                                 indent=1))
+        try:  # where the student's own Run All stopped, if before a test cell (student walkthrough 48h, D1)
+            stopped = stopped_at(read_submission(course, student, assignment, release), set(points))
+        except (OSError, ValueError):
+            stopped = None
+        write_private(folder / f"{assignment}.ipynb",
+                      json.dumps(feedback_notebook(ran, release, points, shown, files, stopped), indent=1))
 
 
 FLAGS_BYTES = 1_000_000  # more than the grader writes; larger flags are not read

@@ -361,6 +361,24 @@ def renamed_note(name: str, assignment: str, uploaded: str | None = None) -> str
     return f"graded {name!r}, the submission's only notebook (not named {assignment}.ipynb)"
 
 
+def stopped_at(notebook: dict, tests: set[str]) -> str | None:
+    """Where the notebook as saved last stopped, "code cell N (ValueError)", if it did before a test
+    cell: its most recently run code cell (the highest execution count) ended with an error and a
+    test cell (a grade id of `tests`) comes after it. A *Run All* stops there, so the test cells after it show no tick (or
+    an earlier run's) in the student's notebook, though grading runs each part on its own (student
+    walkthrough 48h, D1)."""
+    code = [c for c in notebook.get("cells") or [] if isinstance(c, dict) and c.get("cell_type") == "code"]
+    counts = [(c.get("execution_count") if type(c.get("execution_count")) is int else -1, n) for n, c in enumerate(code)]
+    count, last = max(counts, default=(-1, -1))
+    if count < 0 or not any(grade_id(c) in tests for c in code[last + 1:]):
+        return None
+    errors = [o for o in code[last].get("outputs") or [] if isinstance(o, dict) and o.get("output_type") == "error"]
+    if not errors:
+        return None
+    name = re.sub(r"[^\w.]", "", str(errors[0].get("ename")))[:60] or "an error"
+    return f"code cell {last + 1} ({name})"
+
+
 def files_note(graded: str, others: list[str], handed_out: set[str], assignment: str,
                uploaded: str | None = None) -> str | None:
     """What the report says of the files of a submission: the graded one if it is not named

@@ -44,7 +44,7 @@ import math
 import contextlib
 import sys
 import threading
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import numpy as np
 import torch
@@ -373,6 +373,8 @@ def _shown(value, width: int = 60) -> str:
     elif isinstance(value, (torch.Tensor, torch.dtype, bool, int, float, complex, str, bytes, type(None),
                             tuple, list, dict, np.generic, np.ndarray)):
         text = repr(value)
+    elif isinstance(value, PurePath):  # its name says which file (student walkthrough 48h, D2); not its folder
+        text = f"<the file {value.name}>"
     else:
         text = f"<{type(value).__name__}>"
     return text if len(text) <= width else text[:width - 5] + " ...>"

@@ -196,3 +196,31 @@ def test_collection_takes_the_notebook_with_work_over_the_one_as_handed_out(tmp_
     assert collect.latest_uploads(extracted, collect.moodle)["omar_smith_12346"][0].name == f"{ASSIGNMENT}.ipynb"
     assert collect.release_of(tmp_path, ASSIGNMENT) == release
     assert collect.handed_out(extracted / f"Omar Smith_12346_assignsubmission_file_/{ASSIGNMENT}.ipynb", release)
+
+
+def test_a_notebook_whose_run_all_stopped_before_test_cells_is_told_so_on_its_page():
+    """Student walkthrough 48h, D1: a raising try-out stopped Run All, so Part 4's test cell never
+    ran in the student's notebook (no tick), yet the part got 2/2 (grading runs each part on its
+    own), and the page said nothing of it."""
+    release = notebooks.read_notebook(ROOT / "exercises" / "ex2_loss_scaling" / "ex2_loss_scaling.ipynb")
+    tests = {notebooks.grade_id(c) for c in release["cells"] if (notebooks.grade_id(c) or "").endswith("_tests")}
+    cells = json.loads(json.dumps(release["cells"]))
+    code = [c for c in cells if c["cell_type"] == "code"]
+    last_test = max(n for n, c in enumerate(code) if notebooks.grade_id(c) in tests)
+    for count, cell in enumerate(code[:last_test - 1], 1):  # Run All, up to a try-out that raises
+        cell["execution_count"], cell["outputs"] = count, []
+    code[last_test - 2]["outputs"] = [{"output_type": "error", "ename": "ValueError", "evalue": "zip() argument 2 is "
+                                       "shorter than argument 1", "traceback": []}]
+    notebook = {**release, "cells": cells}
+    assert notebooks.stopped_at(notebook, tests) == f"code cell {last_test - 1} (ValueError)"
+    page = feedback.feedback_notebook(notebook, release, {t: 1.0 for t in tests}, {},
+                                      stopped=notebooks.stopped_at(notebook, tests))
+    assert any("stopped at code cell" in "".join(c["source"]) and "Run All" in "".join(c["source"])
+               for c in page["cells"] if c["cell_type"] == "markdown")
+    # the control: the error was not the last cell run (a later cell ran after it), or no test cell follows
+    code[last_test]["execution_count"] = 10_000
+    assert notebooks.stopped_at(notebook, tests) is None
+    code[last_test]["execution_count"] = None
+    assert notebooks.stopped_at(notebook, set()) is None
+    code[last_test - 2]["outputs"] = []
+    assert notebooks.stopped_at(notebook, tests) is None

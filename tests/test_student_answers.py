@@ -198,6 +198,25 @@ def test_every_input_check_the_hidden_tests_grade_is_tried_by_a_visible_test(ass
     assert not missed, missed
 
 
+def test_a_bad_file_is_named_by_its_name_and_a_master_after_the_first_is_checked_too():
+    """Student walkthrough 48h. D2: ex8 Part 2's message said `load_checkpoint(<Run>, <PosixPath>,
+    skip=())` for three different bad files. D4: an ex2 Part 4 answer that checked only the first
+    master's dtype got the tick and 2/2 (the task: a ValueError "if a master is not FP32")."""
+    solution = fabricate.solution_cells("ex8_bitwise_resume")["p2_solution"]
+    loose = solution.replace("set(state) != set(PIECES)", "not set(PIECES) <= set(state)")
+    assert loose != solution
+    message = run("ex8_bitwise_resume", {"p2_solution": loose}, only="p2")[0]["p2_tests"]["message"]
+    assert "<the file an_extra_key.pt>" in message and "expected it to raise ValueError" in message, message
+    solution = fabricate.solution_cells("ex2_loss_scaling")["p4_solution"]
+    first_only = solution.replace("    for master, grad in zip(masters, grads16):\n        if master.dtype != torch.float32:",
+                                  "    for master, grad in zip(masters, grads16):\n        if masters[0].dtype != torch.float32:")
+    assert first_only != solution
+    for visible in (True, False):
+        verdict = run("ex2_loss_scaling", {"p4_solution": first_only}, visible=visible, only="p4")[0]["p4_tests"]
+        assert not verdict["passed"], verdict  # the tick and the grade agree
+        assert "sgd_step([tensor([0., 0.]), tensor([0., 0.], dtype=torch.float16)]" in verdict["message"], verdict
+
+
 def test_ex7_a_non_module_says_a_type_error_was_expected_not_only_what_went_wrong():
     answers = {gid: unchecked(src) for gid, src in fabricate.solution_cells("ex7_fp16_nan_hunt").items()
                if notebooks.part_of(gid) == "p1"}
