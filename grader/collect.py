@@ -368,7 +368,7 @@ def utf8_name(info: zipfile.ZipInfo) -> str:
 # submission holds more than a few notebooks of a few MB.
 NOTEBOOKS_PER_STUDENT = 10
 BYTES_PER_STUDENT = 2 * NOTEBOOK_BYTES
-TOO_MANY = (f"one notebook too many: at most {NOTEBOOKS_PER_STUDENT} notebooks, {BYTES_PER_STUDENT // 2**20} MB "
+TOO_MANY = (f"one notebook too many: at most {NOTEBOOKS_PER_STUDENT} notebooks, {BYTES_PER_STUDENT // 2**20} MiB "
             "in all, are read from one student's upload")
 
 
@@ -384,7 +384,7 @@ def unpack(download: Path, into: Path, parse=None) -> dict[str, str]:
         why = ("its name points outside the download" if relative.is_absolute() or ".." in relative.parts
                else "a link" if download.is_dir() and (download / name).is_symlink()
                else "not a notebook (an archive is never opened)" if relative.suffix != ".ipynb"
-               else f"larger than {NOTEBOOK_BYTES // 2**20} MB" if size > NOTEBOOK_BYTES else None)
+               else f"larger than {NOTEBOOK_BYTES // 2**20} MiB" if size > NOTEBOOK_BYTES else None)
         info = (parse(Path(name)) if parse and why is None else None) or {}
         # a refused name counts for its owner, apart from their notebooks, never with no one's (red team 16c, A01)
         whose = (info.get("student_id") or (info.get("owner") and (info["owner"], "refused"))
@@ -397,7 +397,7 @@ def unpack(download: Path, into: Path, parse=None) -> dict[str, str]:
                 data = source.read(NOTEBOOK_BYTES + 1)  # a zip's stated size may lie
             read[whose] = (count + 1, total + len(data))
             if len(data) > NOTEBOOK_BYTES:
-                why = f"larger than {NOTEBOOK_BYTES // 2**20} MB"
+                why = f"larger than {NOTEBOOK_BYTES // 2**20} MiB"
             elif total + len(data) > BYTES_PER_STUDENT:
                 why = TOO_MANY
             else:
