@@ -51,7 +51,6 @@ import resource
 import select
 import signal
 import sys
-import types
 import time
 
 import numpy  # noqa: F401
@@ -173,6 +172,11 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
         set_rng_state(random_state)  # the tests draw the same numbers whatever the answers drew
         grading._observations = observations
         exec(compile(part["test"], f"<tests of {part['test_id']}>", "exec"), tests)
+        changed = modules_changed(before)  # by the answer's functions, called by the tests
+        if changed:
+            record = {"observations": [], "stopped": f"the tests of this part were changed as they ran: the answer {changed}",
+                      "refused": f"{changed} (the tests could then call what the answer chose)"}
+            write_record(record, record_fd)
         record = {"observations": observations, "stopped": None}
     except BaseException as error:  # noqa: BLE001
         said, raised = describe(error), grading.raised_in  # the call own_work made, if it raised this
@@ -185,13 +189,18 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
 WATCHED = ("mpcourse.grading", "mpcourse.records")  # the modules the tests check with
 
 
+# What the checking modules change themselves as the tests run: the part's forbidden set (start),
+# the last call that raised (own_work), the observations list and the secret (this runner), what is
+# left of the record budget (records). Every other name they hold stays as imported.
+STATE = {"mpcourse.grading": {"_forbidden", "raised_in", "_observations", "_secret"},
+         "mpcourse.records": {"_budget"}}
+
+
 def modules_now() -> tuple:
     """What the tests' checks rest on, before the answers run: each module in sys.modules and its
-    class, and each function, class or module that the checking modules hold by name."""
+    class, and every name the checking modules hold (functions, modules, data) but their STATE."""
     modules = {name: (module, type(module)) for name, module in list(sys.modules.items())}
-    held = {name: {key: value for key, value in vars(sys.modules[name]).items()
-                   if callable(value) or isinstance(value, types.ModuleType)}
-            for name in WATCHED if name in sys.modules}
+    held = {name: dict(vars(sys.modules[name])) for name in WATCHED if name in sys.modules}
     return modules, held
 
 
@@ -208,8 +217,11 @@ def modules_changed(before: tuple) -> str | None:
             return f"replaced the module {name[:100]} or changed its class"
     for name, values in held.items():
         namespace = vars(modules[name][0])
+        for key in list(namespace):  # a name added shadows a built-in the module calls (red team 17a, A8: frozenset)
+            if key not in values:
+                return f"added {name}.{str(key)[:100]}"
         for key, value in values.items():
-            if namespace.get(key) is not value:
+            if key not in STATE.get(name, ()) and namespace.get(key) is not value:
                 return f"replaced {name}.{key[:100]}"
     return None
 

@@ -208,18 +208,19 @@ def summary() -> None:
 # Operations that compute a forbidden function inside one call of another name: attention is a
 # softmax (`F.scaled_dot_product_attention(q=0, k=0, v=I, attn_mask=x)` is softmax(x), red team 45d).
 COMPUTED_INSIDE = {"softmax": ("scaled_dot_product", "masked_softmax", "multi_head_attention", "softmin",
-                               "flash_attention", "efficient_attention", "cudnn_attention")}
+                               "flash_attention", "efficient_attention", "cudnn_attention", "transformer_encoder_layer")}
 
 
 def _is_forbidden(name, forbidden: frozenset[str]) -> bool:
-    """A name of `forbidden`, one of its other spellings (torch._softmax, torch.special.softmax,
-    whose __name__ is special_softmax, aten's _safe_softmax), or an operation that computes it
-    inside (COMPUTED_INSIDE)."""
+    """A name of `forbidden` or one of its other spellings: underscores before or after it
+    (torch._softmax, aten's in-place and out-of-place `_amp_..._unscale_`, red team 17a A2) and any
+    prefix (special_softmax, aten's _safe_softmax and _sparse_softmax, A1; log_softmax where
+    softmax is forbidden); or an operation that computes it inside (COMPUTED_INSIDE)."""
     if not isinstance(name, str):
         return False
-    bare = name.lstrip("_").removeprefix("special_").removeprefix("safe_")
-    return bare in forbidden or any(inside in bare for what in forbidden
-                                    for inside in COMPUTED_INSIDE.get(what, ()))
+    bare = name.strip("_")
+    return any(bare == what.strip("_") or bare.endswith("_" + what.strip("_")) for what in forbidden) or any(
+        inside in bare for what in forbidden for inside in COMPUTED_INSIDE.get(what, ()))
 
 
 class _ForbiddenOps(TorchDispatchMode):
@@ -230,16 +231,18 @@ class _ForbiddenOps(TorchDispatchMode):
 
     def __init__(self, forbidden: frozenset[str], calls: list[str]):
         super().__init__()
-        self.forbidden, self.calls = forbidden, calls
+        self.forbidden, self.calls, self.seen = forbidden, calls, {}
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:  # else torch wraps __torch_dispatch__, and its first call imports
         return False                       # torch._dynamo: 1 s in every part's run (torch 2.13)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._schema.name.split("::")[-1]
-        if _is_forbidden(name, self.forbidden):
-            self.calls.append(f"torch.ops.aten.{name}")
+        if func not in self.seen:  # each operation's name checked once: few Python calls per operation
+            name = func._schema.name.split("::")[-1]
+            self.seen[func] = f"torch.ops.aten.{name}" if _is_forbidden(name, self.forbidden) else None
+        if self.seen[func]:
+            self.calls.append(self.seen[func])
         return func(*args, **(kwargs or {}))
 
 
@@ -251,25 +254,44 @@ def _torch_name(frame) -> str:
     return frame.f_code.co_name
 
 
+_OPERATOR = "(an operator: its name is read per call)"
+
+
 @contextlib.contextmanager
 def _watch_calls_into(directory: Path, excluded: Path, forbidden: frozenset[str]):
     """Yield a list that fills with the mpcourse functions (and forbidden torch functions) called
     inside the block. Two watchers (the profiler and the tracer) and sys.setprofile/settrace
     replaced for the call: switching both off needs code written against this module."""
     calls: list[str] = []
-    library: dict[str, bool] = {}  # file name -> a library file other than `excluded` (each resolved once)
+    # What a call adds to `calls` (None: nothing), worked out once per code object and per C
+    # function's name: the profiler runs on every call, the dispatch watcher's own included.
+    codes: dict = {}
+    c_names: dict = {}
+
+    def called(code) -> str | None:
+        filename = code.co_filename
+        if filename.startswith(str(directory)) and Path(filename).resolve() != excluded:
+            return f"{Path(filename).stem}.{code.co_name}"
+        if filename.startswith(str(_TRUSTED_DIRS[1])):
+            return _OPERATOR if code.co_name == "__call__" else (
+                f"torch {code.co_name}" if _is_forbidden(code.co_name, forbidden) else None)
+        return None
 
     def profiler(frame, event, arg):
         if event == "call":
-            filename = frame.f_code.co_filename
-            if filename not in library:
-                library[filename] = filename.startswith(str(directory)) and Path(filename).resolve() != excluded
-            if library[filename]:
-                calls.append(f"{Path(filename).stem}.{frame.f_code.co_name}")
-            elif filename.startswith(str(_TRUSTED_DIRS[1])) and _is_forbidden(name := _torch_name(frame), forbidden):
-                calls.append(f"torch {name}")
-        elif event == "c_call" and _is_forbidden(getattr(arg, "__name__", None), forbidden):
-            calls.append(f"torch.{arg.__name__}")
+            code = frame.f_code
+            what = codes[code] if code in codes else codes.setdefault(code, called(code))
+            if what is _OPERATOR:  # an operator's __call__: the operator's name, not the function's
+                if _is_forbidden(name := _torch_name(frame), forbidden):
+                    calls.append(f"torch {name}")
+            elif what:
+                calls.append(what)
+        elif event == "c_call":
+            name = getattr(arg, "__name__", None)
+            if name not in c_names:
+                c_names[name] = f"torch.{name}" if _is_forbidden(name, forbidden) else None
+            if c_names[name]:
+                calls.append(c_names[name])
 
     def tracer(frame, event, arg):
         profiler(frame, event, arg)

@@ -874,6 +874,43 @@ def test_red_team_16f_a_forbidden_call_from_c_code_or_a_replaced_reader_fails_ex
     assert "softmax" in said and "asks you not to use" in said, said
 
 
+def test_red_team_17a_a_softmax_kernel_by_another_name_or_a_name_added_to_the_checker_fails_the_part():
+    """Red team 17a, each full marks unflagged: torch's sparse softmax kernel (`aten::_sparse_softmax`),
+    ex2's fused unscale kernel in its out-of-place spelling (no trailing `_`), `frozenset` and
+    `sorted` added to mpcourse.grading's namespace (they shadow the built-ins its checks call), and
+    records' tensor readers replaced by a tuple that recorded the softmax of an unnormalised answer."""
+    solution = fabricate.solution_cells("ex4_softmax_stability")["p3_solution"]
+    last = "    return (e / e.sum(dim=dim, keepdim=True)).to(x.dtype)"
+    forbidden = solution.replace(last, "    return torch.softmax(z, dim).to(x.dtype)") + "\n"
+    answers = {
+        "sparse": solution.replace(last, "    s = torch.sparse_coo_tensor(torch.ones_like(z, dtype=torch.bool).nonzero().T, "
+                                         "z.reshape(-1), z.shape)\n"
+                                         "    return torch.sparse.softmax(s, dim).to_dense().to(x.dtype)"),
+        "frozenset": forbidden + "class _Names(frozenset):\n    def __contains__(self, name):\n        return False\n"
+                                 "vars(grading)['frozenset'] = _Names\n",
+        "sorted": forbidden + "_sorted = sorted\nvars(grading)['sorted'] = lambda items, *a, **k: "
+                              "[c for c in _sorted(items, *a, **k) if not str(c).startswith('torch')]\n",
+        "readers": solution.replace(last, "    return e.to(x.dtype)") + "\n" +
+                   "import contextlib as _cl\nclass _Readers:\n    @staticmethod\n    def detach(t):\n"
+                   "        return torch.Tensor.detach(torch.softmax(t.double(), -1) if t.dim() else t)\n"
+                   "    dtype, device, cpu, abs, is_complex, to, numpy = (torch.Tensor.dtype, torch.Tensor.device, "
+                   "torch.Tensor.cpu, torch.Tensor.abs, torch.Tensor.is_complex, torch.Tensor.to, torch.Tensor.numpy)\n"
+                   "vars(grading._records)['_TORCH_READERS'] = (_Readers, _cl.nullcontext, _cl.nullcontext, torch.float64)\n",
+    }
+    said = {"sparse": "torch.ops.aten._sparse_softmax", "frozenset": "added mpcourse.grading.frozenset",
+            "sorted": "added mpcourse.grading.sorted", "readers": "replaced mpcourse.records._TORCH_READERS"}
+    for name, answer in answers.items():
+        verdict = run("ex4_softmax_stability", {"p3_solution": answer}, only="p3")[0]["p3_tests"]
+        assert not verdict["passed"] and said[name] in verdict["message"], (name, verdict)
+    fused = fabricate.solution_cells("ex2_loss_scaling")["p4_solution"].replace(
+        "    found_inf = not all(bool(torch.isfinite(grad).all()) for grad in grads16)\n",
+        "    _, found = torch.ops.aten._amp_foreach_non_finite_check_and_unscale([g.float() for g in grads16], "
+        "torch.zeros(1), torch.tensor([1.0]))\n    found_inf = bool(found.item())\n")
+    assert "_unscale(" in fused
+    verdict = run("ex2_loss_scaling", {"p4_solution": fused}, only="p4")[0]["p4_tests"]
+    assert not verdict["passed"] and "aten._amp_foreach_non_finite_check_and_unscale," in verdict["message"], verdict
+
+
 def test_a_module_reaches_the_answer_cells_where_a_cell_imports_it_as_in_the_notebook():
     """Student walkthrough 48g, D4: grading gave `math`, `np`, `torch`, ... to every answer cell, so
     a forgotten import that failed the part in the notebook (no tick) scored full marks. (Red team
