@@ -53,11 +53,13 @@ def students_at_once() -> int:
 @pytest.fixture(scope="session")
 def graded_with_reports(tmp_path_factory):
     """(scratch folder, {assignment: scores}, {assignment: schedule.Report}): the fabricated
-    submissions of every exercise, the solutions' notebooks run for their feedback."""
+    submissions of every exercise, graded without their notebooks run for the feedback (no test
+    here reads a notebook as run: the hostile corpus, tests/test_hostile_corpus.py, and the guide's
+    walkthrough, tests/test_instructor.py, run them; 5 s a notebook)."""
     if NO_SANDBOX:
         pytest.skip(f"grading refuses to run without a sandbox: {NO_SANDBOX}")
     workdir = tmp_path_factory.mktemp("grading")
-    jobs = {name: (name, fabricate.submissions(name), 30, {"full"}) for name in ASSIGNMENTS}
+    jobs = {name: (name, fabricate.submissions(name), 30, False) for name in ASSIGNMENTS}
     results = rehearsal.grade_many(workdir, jobs, workers=students_at_once())
     return workdir, {k: v[0] for k, v in results.items()}, {k: v[1] for k, v in results.items()}
 
