@@ -18,6 +18,8 @@ run every submission in sandboxes (grader/runs.py).
                                       # every grade, one CSV row per student and assignment
     python -m grader export ASSIGNMENT --lms canvas|moodle [--to FILE] [--column NAME] [--db-url URL]
                                       # the CSV that LMS's grade import takes (grader/lms.py)
+    python -m grader set-aside ASSIGNMENT --to DIR [--course DIR]
+                                      # start over: what collecting and grading it wrote, moved to DIR
     python -m grader release          # `make exercises`: regenerate exercises/ from solutions/
     python -m grader check [ASSIGNMENT ...]
                                       # grade fabricated submissions, print per-part scores
@@ -38,7 +40,7 @@ from pathlib import Path
 from grader import course, gradebook, schedule
 from grader.report import one_line, plural, print_report, print_table
 
-COMMANDS = ["collect", "grade", "results", "prepare", "pack-feedback", "export", "release", "check", "demo"]
+COMMANDS = ["collect", "grade", "results", "prepare", "pack-feedback", "export", "set-aside", "release", "check", "demo"]
 
 
 def grade_course(folder: Path, assignment: str, timeout: int, sandbox: bool, **options) -> None:
@@ -82,7 +84,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--column", default=None,
                         help="export --lms canvas: the assignment's column in Canvas (default: the assignment's name)")
     parser.add_argument("--zip", type=Path, help="collect: the LMS download (a zip, or a folder of files)")
-    parser.add_argument("--to", type=Path, default=None, help="export: the CSV file (grades.csv in the course)")
+    parser.add_argument("--to", type=Path, default=None,
+                        help="export: the CSV file (grades.csv in the course); set-aside: the folder to move to")
     parser.add_argument("--timeout", type=int, default=60, help="grade: seconds per cell and per part")
     parser.add_argument("--jobs", type=int, default=None,
                         help="grade: students at a time (default: one per core, as many as memory holds at "
@@ -183,6 +186,17 @@ def main(argv: list[str] | None = None) -> None:
         if never:
             print(f"  {plural(len(never), 'row')} left without a score: assignments never handed in, "
                   f"e.g. {never[0][0]} of {never[0][1]}")
+    elif args.command == "set-aside":
+        if not (args.to and len(args.assignments) == 1):
+            cli.error("set-aside: one assignment and --to DIR (a new folder)")
+        name = args.assignments[0]
+        try:
+            moved = course.set_aside(args.course, name, args.to)
+        except (ValueError, OSError) as error:
+            sys.exit(f"python -m grader set-aside {name}: {error}")
+        print(f"{plural(len(moved), 'path')} of {name} moved to {args.to.resolve()}. Its grades are still in the "
+              f"gradebook: remove them (the next grade registers it again) with\n"
+              f"  nbgrader db assignment remove {name} --force")
     else:
         from grader import rehearsal
         rehearsal.demo(args.out or course.ROOT / "grade-demo")

@@ -7,6 +7,7 @@ only to release assignments, register them and render feedback, never to execute
     release()                                       # `make exercises`: exercises/ from solutions/
     make_course(folder, names)                      # a scratch course with `names` released
     generate_assignment(course, name)               # `nbgrader generate_assignment name --force`, in this process
+    set_aside(course, name, to)                     # `python -m grader set-aside`: an assignment's files moved to `to`
 
 The repository root is the course directory of the course itself (nbgrader_config.py there);
 an instructor's private clone is one too.
@@ -95,3 +96,33 @@ def alembic_head() -> str:
     from nbgrader.dbutil import _temp_alembic_ini
     with _temp_alembic_ini("sqlite:////tmp/gradebook.db") as ini:
         return ScriptDirectory.from_config(Config(ini)).get_current_head()
+
+
+# What collecting and grading an assignment write in a course (the guide's "Starting over"):
+# relative to the course folder, {} the assignment.
+WRITTEN = ("submitted/*/{}", "downloaded/{}", "autograded/*/{}", "feedback/*/{}", "feedback-upload/{}*",
+           "grades.csv", "grades-{}-*.csv")
+
+
+def set_aside(folder: Path, assignment: str, to: Path) -> list[Path]:
+    """Move what earlier collections and gradings of `assignment` wrote in the course `folder` to
+    `to`, each at its path relative to the course (a student's folder left empty goes too); return
+    the paths moved. `to` must be new or empty, and outside the folders grading writes (instructor
+    walkthrough 47e: seven patterns moved by hand, easy to get wrong)."""
+    folder, to = folder.resolve(), to.resolve()
+    kept = [folder / name for name in ("submitted", "downloaded", "autograded", "feedback", "feedback-upload")]
+    if any(to == place or to.is_relative_to(place) for place in kept) or folder.is_relative_to(to):
+        raise ValueError(f"{to} is where grading writes: set aside to a folder outside "
+                         "submitted/, downloaded/, autograded/, feedback/ and feedback-upload/")
+    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+        raise ValueError(f"{to} is not an empty folder: name a new one (nothing is moved over an earlier set-aside)")
+    moved = []
+    for pattern in WRITTEN:
+        for path in sorted(folder.glob(pattern.format(assignment))):
+            target = to / path.relative_to(folder)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(path), str(target))  # a symbolic link is moved as a link, never followed
+            moved.append(path)
+            if path.parent.parent in kept and not any(path.parent.iterdir()):
+                path.parent.rmdir()  # submitted/<student>/ with nothing else in it
+    return moved

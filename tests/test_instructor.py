@@ -952,3 +952,28 @@ def test_a_grade_written_without_feedback_is_never_packed_with_the_earlier_page(
         assert "NO FEEDBACK for bobbob_1002: no page of their current grade" in said and "--no-feedback" in said, said
     assert zipfile.ZipFile(tmp_path / "upload" / f"{ASSIGNMENT}-feedback-canvas.zip").namelist() == []
     assert not list((tmp_path / "upload" / ASSIGNMENT).iterdir())  # the earlier page removed (red team 16d, F)
+
+
+def test_set_aside_moves_what_collecting_and_grading_an_assignment_wrote_and_nothing_else(tmp_path, capsys):
+    """Instructor walkthrough 47e: starting over for a second class meant moving seven path patterns
+    by hand (a missed submitted/*/A mixes the two classes)."""
+    from grader.__main__ import main
+    course, other = tmp_path / "course", "ex1_precision_comparison"
+    mine = [f"submitted/ana/{ASSIGNMENT}/{ASSIGNMENT}.ipynb", f"downloaded/{ASSIGNMENT}/archive/x.zip",
+            f"autograded/ana/{ASSIGNMENT}/{ASSIGNMENT}.ipynb", f"feedback/ana/{ASSIGNMENT}/{ASSIGNMENT}.html",
+            f"feedback-upload/{ASSIGNMENT}-feedback-canvas.zip", "grades.csv", f"grades-{ASSIGNMENT}-canvas.csv"]
+    kept = [f"submitted/ana/{other}/{other}.ipynb", f"submitted/bo/{other}/{other}.ipynb", "gradebook.db",
+            ".grading-secret", f"source/{ASSIGNMENT}/{ASSIGNMENT}.ipynb", f"grades-{other}-moodle.csv"]
+    for name in mine + kept:
+        (course / name).parent.mkdir(parents=True, exist_ok=True)
+        (course / name).write_text(name)
+    (course / "submitted" / "cy" / ASSIGNMENT).mkdir(parents=True)  # a student with only this assignment
+    main(["set-aside", ASSIGNMENT, "--to", str(tmp_path / "aside"), "--course", str(course)])
+    assert f"8 paths of {ASSIGNMENT} moved" in capsys.readouterr().out
+    assert all((tmp_path / "aside" / name).read_text() == name for name in mine)
+    assert all((course / name).read_text() == name for name in kept)
+    assert not (course / "submitted" / "cy").exists() and (course / "submitted" / "ana" / other).is_dir()
+    for to in (tmp_path / "aside", course / "submitted" / "old"):  # not over an earlier set-aside; not where grading writes
+        with pytest.raises(SystemExit, match="set-aside"):
+            main(["set-aside", other, "--to", str(to), "--course", str(course)])
+    assert (course / "submitted" / "ana" / other / f"{other}.ipynb").exists()
