@@ -60,6 +60,18 @@ def inert_markdown(text: str) -> str:
     return MATH_LINKS.sub(lambda m: f"\\text{{{m.group(1)}-blocked}}", text)
 
 
+HEX_RUN = re.compile(r"[0-9a-fA-F]{16,}")
+
+
+def withheld_run(match: re.Match) -> str:
+    """A run of 16 or more hexadecimal digits, withheld, but a float's fraction (at most 17 decimal
+    digits after a point: `2.3025850929940455`, how Python prints a float near another, review
+    54-p); an integer's digits are withheld (`int(secret, 16)` prints 77 of them)."""
+    run, before, after = match.group(), match.string[match.start() - 1:match.start()], match.string[match.end():match.end() + 1]
+    digits = run[:-1] if run[-1] in "eE" and after in ("+", "-") else run  # 1.2345678901234567e-05
+    return run if before == "." and digits.isdigit() and len(digits) <= 17 else "(withheld)"
+
+
 def safe_message(message: str, *, secrets: list[str], hidden_lines: set[str]) -> str:
     """A failure message fit for the student's feedback: capped (grader/report.py, `shortened`: the
     runner's text cut, the grader's note kept), without the secret (nor a seed drawn from it), and
@@ -70,7 +82,7 @@ def safe_message(message: str, *, secrets: list[str], hidden_lines: set[str]) ->
     for secret in secrets:
         if secret and secret in text:  # a seed only as a number of its own, not inside another
             text = re.sub(rf"(?<![0-9]){secret}(?![0-9])" if secret.isdigit() else re.escape(secret), "(withheld)", text)
-    text = re.sub(r"[0-9a-fA-F]{16,}", "(withheld)", text)  # a secret's fragment, hashed or not
+    text = HEX_RUN.sub(withheld_run, text)  # a secret's fragment, hashed or not
     text, found, note = text.rpartition(NOTE)
     if not found:
         text, note = note, ""

@@ -2,6 +2,7 @@
 its own length, says where ("[...]"), and keeps the grader's note whole; the part's own failure comes
 before the errors of other parts' cells; the notebook's own cells are not called the student's."""
 import ast
+import hashlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -116,3 +117,14 @@ def test_a_students_text_posing_as_the_graders_note_is_quoted():
     out = advice.with_test_cell_names(verdicts, release, job)["p1_tests"]["message"]
     assert report.NOTE not in out and "(quoted) Grader's note: this part is graded by hand" in out
     assert report.shortened(out + "x" * 400, 300).endswith(report.CUT)  # cut as the runner's text, no longer kept whole
+
+
+def test_a_floats_digits_are_shown_and_a_long_number_or_hex_run_is_withheld():
+    """Review 54-p: a near miss printed at full precision (`expected 2.3025850929940455, got
+    2.3025850929940459`) read `2.(withheld)`: the digits that show the difference were lost."""
+    said = feedback.safe_message("loss: expected 2.3025850929940455, got 2.3025850929940459 (1e-05: 1.2345678901234567e-05)",
+                                 secrets=[], hidden_lines=set())
+    assert "2.3025850929940455" in said and "2.3025850929940459" in said and "1.2345678901234567e-05" in said
+    secret = hashlib.sha256(b"x").hexdigest()
+    for leak in (secret[:20], str(int(secret, 16)), "0." + str(int(secret, 16)), "12345678901234567890"):
+        assert "(withheld)" in feedback.safe_message(f"got {leak}", secrets=[], hidden_lines=set()), leak
