@@ -48,6 +48,7 @@ import math  # noqa: F401  (imported before any student code, as the tests expec
 import os
 import random  # noqa: F401
 import resource
+import re
 import select
 import signal
 import sys
@@ -171,6 +172,7 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
         tests.update({name: answers[name] for name in part["names"] if name in answers})
         set_rng_state(random_state)  # the tests draw the same numbers whatever the answers drew
         grading._observations = observations
+        before[1]["mpcourse.grading"]["_observations"] = observations  # and no other list (red team 17b, B4)
         exec(compile(part["test"], f"<tests of {part['test_id']}>", "exec"), tests)
         changed = modules_changed(before)  # by the answer's functions, called by the tests
         if changed:
@@ -192,8 +194,10 @@ WATCHED = ("mpcourse.grading", "mpcourse.records")  # the modules the tests chec
 # What the checking modules change themselves as the tests run: the part's forbidden set (start),
 # the last call that raised (own_work), the observations list and the secret (this runner), what is
 # left of the record budget (records). Every other name they hold stays as imported.
-STATE = {"mpcourse.grading": {"_forbidden", "raised_in", "_observations", "_secret"},
-         "mpcourse.records": {"_budget"}}
+STATE = {"mpcourse.grading": {"_forbidden", "raised_in"}, "mpcourse.records": {"_budget"}}
+# Names torch's compiler (dynamo) adds to the module of a function it compiles (red team 17b, H1: an
+# honest torch.compile(backend="eager") failed its part): none shadows a built-in.
+COMPILER_NAMES = re.compile(r"__(builtins_dict_|compiled_fn_|resume_at_|import_|nested_resume_at_)")
 
 
 def modules_now() -> tuple:
@@ -218,7 +222,7 @@ def modules_changed(before: tuple) -> str | None:
     for name, values in held.items():
         namespace = vars(modules[name][0])
         for key in list(namespace):  # a name added shadows a built-in the module calls (red team 17a, A8: frozenset)
-            if key not in values:
+            if key not in values and not (isinstance(key, str) and COMPILER_NAMES.match(key)):
                 return f"added {name}.{str(key)[:100]}"
         for key, value in values.items():
             if key not in STATE.get(name, ()) and namespace.get(key) is not value:

@@ -308,6 +308,9 @@ def review_flags(submission: dict, source: dict | None = None) -> dict[str, list
                     found.add(f"assigns to an attribute of {library_of(node.args[0])}")
                 if called in ATTRIBUTE_CALLS and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
                     found |= name_flags(str(node.args[1].value))  # getattr(sys, "getprofile"): as if written
+                elif (called in ATTRIBUTE_CALLS and len(node.args) >= 2 and library_of(node.args[0])
+                      and folded(node.args[1]) is None):  # getattr(torch.utils, "...".[::-1]) (red team 17b, B5)
+                    found.add(f"reaches an attribute of {library_of(node.args[0])} by a name built at run time")
                 if called in IMPORTS_BY_NAME and node.args:
                     first = node.args[0]
                     named = isinstance(first, ast.Constant) and isinstance(first.value, str)

@@ -223,6 +223,15 @@ def _is_forbidden(name, forbidden: frozenset[str]) -> bool:
         inside in bare for what in forbidden for inside in COMPUTED_INSIDE.get(what, ()))
 
 
+# Code that torch's dispatcher runs while it runs an operation is out of this watcher's sight (a
+# mode is off the mode stack while it handles an operation, red team 17b): an operator the answer
+# registers (torch.library, B6) or a tensor subclass with its own __torch_dispatch__ (B1). Neither
+# is needed by any answer: each is itself a call the part forbids.
+_TORCHS_OPERATORS = {"aten", "prims", "_c10d_functional", "c10d", "quantized", "_quantized", "profiler", "rngprims"}
+_OWN_OPERATOR = "(an operator of the answer's own, whose code runs unwatched)"
+_OWN_SUBCLASS = "(a tensor subclass of the answer's own that handles torch's operations, unwatched)"
+
+
 class _ForbiddenOps(TorchDispatchMode):
     """Adds to `calls` each forbidden operation torch's dispatcher runs while it is on, whoever
     called it: Python, C code (`next(map(torch.softmax, [x], [-1]))`, which no Python profiler sees:
@@ -239,10 +248,13 @@ class _ForbiddenOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func not in self.seen:  # each operation's name checked once: few Python calls per operation
-            name = func._schema.name.split("::")[-1]
-            self.seen[func] = f"torch.ops.aten.{name}" if _is_forbidden(name, self.forbidden) else None
+            namespace, name = func._schema.name.split("::")
+            self.seen[func] = (f"torch.ops.{namespace}.{name}" if _is_forbidden(name, self.forbidden) else
+                               None if namespace in _TORCHS_OPERATORS else _OWN_OPERATOR)
         if self.seen[func]:
             self.calls.append(self.seen[func])
+        if types and any(type_.__module__.split(".")[0] != "torch" for type_ in types):
+            self.calls.append(_OWN_SUBCLASS)
         return func(*args, **(kwargs or {}))
 
 
@@ -255,6 +267,8 @@ def _torch_name(frame) -> str:
 
 
 _OPERATOR = "(an operator: its name is read per call)"
+# Where installed packages and the standard library live: their functions are not the answer's.
+_LIBRARY_DIRS = tuple(sorted({str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}))
 
 
 @contextlib.contextmanager
@@ -275,6 +289,8 @@ def _watch_calls_into(directory: Path, excluded: Path, forbidden: frozenset[str]
         if filename.startswith(str(_TRUSTED_DIRS[1])):
             return _OPERATOR if code.co_name == "__call__" else (
                 f"torch {code.co_name}" if _is_forbidden(code.co_name, forbidden) else None)
+        if filename.startswith(_LIBRARY_DIRS) and _is_forbidden(code.co_name, forbidden):  # scipy.special.softmax (17b, B3)
+            return f"{code.co_name} (in {Path(filename).parent.name})"
         return None
 
     def profiler(frame, event, arg):
@@ -354,7 +370,7 @@ def _check_exact_types(value, what: str, depth: int = 0) -> None:
                                  f"{base.__name__}: return a plain {base.__name__}")
     items = (value.values() if type(value) is dict else value if type(value) in (tuple, list, set)
              else vars(value).values() if hasattr(value, "__dict__") and not isinstance(
-                 value, (torch.nn.Module, type)) and not callable(value) else ())
+                 value, (torch.nn.Module, torch.Tensor, type)) and not callable(value) else ())
     for item in items:
         _check_exact_types(item, what, depth + 1)
 
@@ -372,6 +388,7 @@ def own_work(function, *args, **kwargs):
         with _watch_calls_into(_PACKAGE_DIR, _THIS_FILE, forbidden or frozenset()) as calls, \
                 _forbidden_ops(forbidden, calls):
             result = function(*args, **kwargs)
+            _check_exact_types(result, getattr(function, "__name__", "your code"))  # watched: it may run the answer's code (red team 17b, B7)
     except Exception as error:
         raised_in = (error, call_text(function, *args, **kwargs))  # the runner names the call (walkthrough 5)
         raise
@@ -381,7 +398,6 @@ def own_work(function, *args, **kwargs):
                               "forbidden": None if forbidden is None else sorted(forbidden)})
     elif calls:
         raise AssertionError(own_work_problem(name, sorted(set(calls))))
-    _check_exact_types(result, name)
     return result
 
 

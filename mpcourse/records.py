@@ -237,7 +237,7 @@ def own_work_problem(name: str, calls: list[str]) -> str | None:
     if changed:  # the check itself was switched off or changed while the answer ran (grading.own_work)
         return (f"while {name} ran, {'; '.join(changed)}: the tests cannot tell what it called, "
                 "so this part does not pass.")
-    if any(call.startswith("torch") for call in calls):
+    if any(call.startswith("torch") or " (in " in call for call in calls):  # torch's, or another package's (scipy)
         return f"{name} calls {names}, which this part asks you not to use."
     return (f"{name} calls the course library ({names}). "
             "This part asks you to implement it yourself from NumPy/torch operations.")

@@ -911,6 +911,43 @@ def test_red_team_17a_a_softmax_kernel_by_another_name_or_a_name_added_to_the_ch
     assert not verdict["passed"] and "aten._amp_foreach_non_finite_check_and_unscale," in verdict["message"], verdict
 
 
+def test_red_team_17b_code_the_dispatcher_runs_unwatched_and_the_checkers_lists_fail_the_part():
+    """Red team 17b, each full marks unflagged: a tensor subclass whose __torch_dispatch__ computes
+    the softmax (B1) and an operator of the answer's own (torch.library, B6), both run while torch
+    has the grader's dispatch mode off its stack; grading._observations swapped for a list that
+    drops own_work's calls (B4); scipy.special.softmax (B3). And an honest torch.compile(backend=
+    "eager") no longer fails its part for the names torch's compiler adds to a module (H1)."""
+    solution = fabricate.solution_cells("ex4_softmax_stability")["p3_solution"]
+    last = "    return (e / e.sum(dim=dim, keepdim=True)).to(x.dtype)"
+    subclass = ("class _Lazy(torch.Tensor):\n    @staticmethod\n    def __new__(cls, elem, how):\n"
+                "        made = torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)\n"
+                "        made.elem, made.how = elem, how\n        return made\n    @classmethod\n"
+                "    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):\n        return args[0].how(args[0].elem)\n")
+    answers = {
+        "subclass": subclass + solution.replace(last, "    return torch.neg(_Lazy(z, lambda t: next(map(torch.softmax, [t], [dim])))).neg().to(x.dtype)"),
+        "operator": "@torch.library.custom_op('answer17b::lazy', mutates_args=())\n"
+                    "def _lazy(t: torch.Tensor, dim: int) -> torch.Tensor:\n    return next(map(torch.softmax, [t], [dim]))\n"
+                    + solution.replace(last, "    return _lazy(z, dim).to(x.dtype)"),
+        "observations": solution.replace(last, "    notes = vars(grading)['_observations']\n"
+                                               "    if type(notes) is list:\n"
+                                               "        class _Notes(list):\n"
+                                               "            def append(self, item):\n"
+                                               "                notes.append({**item, 'calls': []} if item.get('check') == 'own_work' else item)\n"
+                                               "        vars(grading)['_observations'] = _Notes()\n"
+                                               "    return torch.softmax(z, dim).to(x.dtype)"),
+        "scipy": solution.replace(last, "    from scipy.special import softmax as _sm\n"
+                                        "    return torch.from_numpy(_sm(z.double().numpy(), axis=dim)).to(x.dtype)"),
+    }
+    said = {"subclass": "a tensor subclass of the answer's own", "operator": "an operator of the answer's own",
+            "observations": "replaced mpcourse.grading._observations", "scipy": "softmax (in special)"}
+    for name, answer in answers.items():
+        verdict = run("ex4_softmax_stability", {"p3_solution": answer}, only="p3")[0]["p3_tests"]
+        assert not verdict["passed"] and said[name] in verdict["message"], (name, verdict)
+    compiled = solution.replace("def stable_softmax(", "def _stable_softmax(") + \
+        "\nstable_softmax = torch.compile(_stable_softmax, backend='eager')\n"
+    assert run("ex4_softmax_stability", {"p3_solution": compiled}, only="p3")[0]["p3_tests"]["passed"]
+
+
 def test_a_module_reaches_the_answer_cells_where_a_cell_imports_it_as_in_the_notebook():
     """Student walkthrough 48g, D4: grading gave `math`, `np`, `torch`, ... to every answer cell, so
     a forgotten import that failed the part in the notebook (no tick) scored full marks. (Red team
@@ -1160,9 +1197,10 @@ def test_a_secret_starts_from_a_fresh_state_and_its_failure_stays_its_own():
     only, and the judge says it is the reference's problem (that student is not graded)."""
     test = ("draws = torch.rand(3)\n"
             "grading.assert_close(draws, draws, what='the first draws')\n"
-            "fresh = torch.get_default_dtype() == torch.float32 and not hasattr(grading, 'touched')\n"
+            "import mpcourse.formats as formats\n"
+            "fresh = torch.get_default_dtype() == torch.float32 and not hasattr(formats, 'touched')\n"
             "grading.assert_close(float(fresh), 1.0, what='a fresh state')\n"
-            "torch.set_default_dtype(torch.float64)\ngrading.touched = True\ntorch.manual_seed(99)\n"
+            "torch.set_default_dtype(torch.float64)\nformats.touched = True\ntorch.manual_seed(99)\n"
             "if grading._secret == 'unlucky':\n    raise RuntimeError('only on this secret')\n")
     job = {"secret": "", "timeout": 60, "setup": SETUP + "from mpcourse import grading\n",
            "parts": [{"test_id": "p1_tests", "cells": [["p1_solution", "def f():\n    return 1\n"]],
