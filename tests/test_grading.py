@@ -154,31 +154,20 @@ def test_own_work_sees_a_watcher_switched_off_and_restored():
                                       torch.zeros(1, 1, 3, 1), torch.zeros(1, 1, 3, 1), torch.eye(3)[None, None],
                                       attn_mask=x.expand(3, 3)[None, None]),
                                   lambda x: torch.nn.MultiheadAttention(1, 1)(x[:, None, None], x[:, None, None],
-                                                                               x[:, None, None])])
+                                                                               x[:, None, None]),
+                                  # red team 16f (F1, F5, F6): C code calls it, which no Python profiler sees;
+                                  # the dispatcher sees every operation that runs
+                                  lambda x: next(map(torch.softmax, [x], [0])),
+                                  lambda x: functools.reduce(torch.softmax, [x, 0]),
+                                  lambda x: operator.methodcaller("softmax", 0)(x),
+                                  lambda x: torch.jit.script(_scripted_softmax)(x),  # TorchScript's interpreter
+                                  # inside another operation: each target's probability is exp(-cross-entropy)
+                                  lambda x: torch.exp(-torch.nn.functional.cross_entropy(
+                                      x.expand(3, 3), torch.arange(3), reduction="none"))])
 def test_a_part_can_forbid_a_torch_function(call):
     grading.start("Part 9", forbidden=("softmax",))
     try:
         with pytest.raises(AssertionError, match="(softmax|scaled_dot_product).*asks you not to use"):
-            grading.own_work(call, torch.randn(3))
-    finally:
-        grading.start("Part 9")
-    grading.own_work(call, torch.randn(3))  # allowed where the part forbids nothing
-
-
-@pytest.mark.parametrize("call", [
-    lambda x: next(map(torch.softmax, [x], [0])),  # C code calls it: no Python profiler sees the call
-    lambda x: functools.reduce(torch.softmax, [x, 0]),
-    lambda x: operator.methodcaller("softmax", 0)(x),
-    lambda x: torch.jit.script(_scripted_softmax)(x),  # TorchScript's interpreter calls it
-    # a softmax computed inside another operation: each target's probability is exp(-cross-entropy)
-    lambda x: torch.exp(-torch.nn.functional.cross_entropy(x.expand(3, 3), torch.arange(3), reduction="none")),
-])
-def test_a_forbidden_function_is_seen_whoever_calls_it(call):
-    """Red team 16f, F1/F5/F6: the profiler sees only calls made from Python; the dispatcher sees
-    every operation that runs (`aten::_softmax`, `aten::_log_softmax`)."""
-    grading.start("Part 9", forbidden=("softmax", "log_softmax"))
-    try:
-        with pytest.raises(AssertionError, match="softmax.*asks you not to use"):
             grading.own_work(call, torch.randn(3))
     finally:
         grading.start("Part 9")
