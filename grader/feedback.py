@@ -64,12 +64,13 @@ HEX_RUN = re.compile(r"[0-9a-fA-F]{16,}")
 
 
 def withheld_run(match: re.Match) -> str:
-    """A run of 16 or more hexadecimal digits, withheld, but a float's fraction (at most 17 decimal
-    digits after a point: `2.3025850929940455`, how Python prints a float near another, review
-    54-p); an integer's digits are withheld (`int(secret, 16)` prints 77 of them)."""
+    """A run of 16 or more hexadecimal digits, withheld, but a float's fraction (at most 17
+    significant decimal digits after a point: `2.3025850929940455`, `0.0033333333333333335`, how
+    Python prints a float near another, reviews 54-p and 55-p); an integer's digits are withheld
+    (`int(secret, 16)` prints 77 of them)."""
     run, before, after = match.group(), match.string[match.start() - 1:match.start()], match.string[match.end():match.end() + 1]
     digits = run[:-1] if run[-1] in "eE" and after in ("+", "-") else run  # 1.2345678901234567e-05
-    return run if before == "." and digits.isdigit() and len(digits) <= 17 else "(withheld)"
+    return run if before == "." and digits.isdigit() and len(digits.lstrip("0")) <= 17 else "(withheld)"
 
 
 def safe_message(message: str, *, secrets: list[str], hidden_lines: set[str]) -> str:

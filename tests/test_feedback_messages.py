@@ -122,9 +122,10 @@ def test_a_students_text_posing_as_the_graders_note_is_quoted():
 def test_a_floats_digits_are_shown_and_a_long_number_or_hex_run_is_withheld():
     """Review 54-p: a near miss printed at full precision (`expected 2.3025850929940455, got
     2.3025850929940459`) read `2.(withheld)`: the digits that show the difference were lost."""
-    said = feedback.safe_message("loss: expected 2.3025850929940455, got 2.3025850929940459 (1e-05: 1.2345678901234567e-05)",
-                                 secrets=[], hidden_lines=set())
+    said = feedback.safe_message("loss: expected 2.3025850929940455, got 2.3025850929940459 (1e-05: 1.2345678901234567e-05; "
+                                 f"{1 / 300!r})", secrets=[], hidden_lines=set())
     assert "2.3025850929940455" in said and "2.3025850929940459" in said and "1.2345678901234567e-05" in said
+    assert repr(1 / 300) in said and "withheld" not in said
     secret = hashlib.sha256(b"x").hexdigest()
     for leak in (secret[:20], str(int(secret, 16)), "0." + str(int(secret, 16)), "12345678901234567890"):
         assert "(withheld)" in feedback.safe_message(f"got {leak}", secrets=[], hidden_lines=set()), leak
