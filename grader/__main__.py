@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"python -m grader export: {error}")
         print(f"grades of every assignment and student in {to}")
         if never:
-            print(f"  {plural(len(never), 'row')} left without a score: assignments never handed in, "
+            print(f"  {plural(len(never), 'row')} left without a score: assignments never handed in or not graded yet, "
                   f"e.g. {never[0][0]} of {never[0][1]}")
     elif args.command == "set-aside":
         if not (args.to and len(args.assignments) == 1):

@@ -674,7 +674,7 @@ def test_the_nbgrader_export_leaves_an_assignment_never_handed_in_without_a_scor
     assert set(rows) == {"jane", "bo"}
     assert float(rows["jane"]["score"]) == 0.0 and float(rows["jane"]["raw_score"]) == 0.0
     assert rows["bo"]["score"] == rows["bo"]["raw_score"] == "" and float(rows["bo"]["max_score"]) > 0
-    assert f"1 row left without a score: assignments never handed in, e.g. {ASSIGNMENT} of bo" \
+    assert f"1 row left without a score: assignments never handed in or not graded yet, e.g. {ASSIGNMENT} of bo" \
         in capsys.readouterr().out
 
 
