@@ -80,6 +80,7 @@ SUSPECT_NAMES = {
     "f_back": "reads the call stack", "f_locals": "reads the call stack", "f_globals": "reads the call stack",
     "tb_frame": "reads the call stack", "gi_frame": "reads the call stack",
     "__code__": "rewrites code objects", "co_code": "rewrites code objects", "CodeType": "rewrites code objects",
+    **dict.fromkeys(("__defaults__", "__kwdefaults__"), "rewrites functions' default arguments"),
     "FunctionType": "builds functions from code objects", "__globals__": "reaches into a function's globals",
     "sqlite3": "opens databases", "inspect": "inspects frames or source", "gc": "searches the garbage collector", "ctypes": "calls C directly", "signal": "handles signals",
     "multiprocessing": "starts processes", "subprocess": "starts processes", "pty": "starts processes",
@@ -306,6 +307,8 @@ def review_flags(submission: dict, source: dict | None = None) -> dict[str, list
                     found.add(SUSPECT_CALLS[called])
                 if called in ("setattr", "delattr") and node.args and library_of(node.args[0]):
                     found.add(f"assigns to an attribute of {library_of(node.args[0])}")
+                if called == "vars" and node.args and library_of(node.args[0]):  # vars(grading)[...] = (17c, C3, C8)
+                    found.add(f"reaches into the namespace of {library_of(node.args[0])}")
                 if called in ATTRIBUTE_CALLS and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
                     found |= name_flags(str(node.args[1].value))  # getattr(sys, "getprofile"): as if written
                 elif (called in ATTRIBUTE_CALLS and len(node.args) >= 2 and library_of(node.args[0])

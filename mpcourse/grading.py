@@ -227,7 +227,11 @@ def _is_forbidden(name, forbidden: frozenset[str]) -> bool:
 # mode is off the mode stack while it handles an operation, red team 17b): an operator the answer
 # registers (torch.library, B6) or a tensor subclass with its own __torch_dispatch__ (B1). Neither
 # is needed by any answer: each is itself a call the part forbids.
-_TORCHS_OPERATORS = {"aten", "prims", "_c10d_functional", "c10d", "quantized", "_quantized", "profiler", "rngprims"}
+_TORCHS_OPERATORS = frozenset({"aten", "prims", "_c10d_functional", "c10d", "quantized", "_quantized", "profiler",
+                               "rngprims"})
+# Every operator torch had registered when this module was imported, before any student code: a new
+# one in a namespace of torch's is the answer's all the same (red team 17c, C2: `quantized::lazy`).
+_REGISTERED = frozenset(torch._C._dispatch_get_all_op_names())
 _OWN_OPERATOR = "(an operator of the answer's own, whose code runs unwatched)"
 _OWN_SUBCLASS = "(a tensor subclass of the answer's own that handles torch's operations, unwatched)"
 
@@ -248,13 +252,15 @@ class _ForbiddenOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func not in self.seen:  # each operation's name checked once: few Python calls per operation
-            namespace, name = func._schema.name.split("::")
+            schema = func._schema
+            namespace, name = schema.name.split("::")
+            registered = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
             self.seen[func] = (f"torch.ops.{namespace}.{name}" if _is_forbidden(name, self.forbidden) else
-                               None if namespace in _TORCHS_OPERATORS else _OWN_OPERATOR)
+                               None if namespace in _TORCHS_OPERATORS and registered in _REGISTERED else _OWN_OPERATOR)
         if self.seen[func]:
             self.calls.append(self.seen[func])
-        if types and any(type_.__module__.split(".")[0] != "torch" for type_ in types):
-            self.calls.append(_OWN_SUBCLASS)
+        if types and not all(_is_genuine(getattr(type_, "__torch_dispatch__", None)) for type_ in types):
+            self.calls.append(_OWN_SUBCLASS)  # judged by where its code is, not by its name (17c, C1)
         return func(*args, **(kwargs or {}))
 
 

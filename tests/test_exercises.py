@@ -674,6 +674,9 @@ def test_the_red_team_45g_evasions_and_missing_packages_are_flagged():
                  "from torch import jit\n", "import torch.jit as j\n"):
         assert torchscript in flags_of(code), code
     assert "calls torch's C internals, which runs unseen" in " ".join(flags_of("y = torch._C._nn.softmax(x)\n"))
+    # Red team 17c, C3 and C8: the checker's namespace changed for a moment and put back; defaults rewritten
+    assert "reaches into the namespace of grading" in flags_of("names = vars(grading._records)\n")
+    assert "rewrites functions' default arguments" in flags_of("f.__kwdefaults__ = {}\n")
     # Red team 17b, B5: the dispatch watcher reached through a module attribute named at run time
     assert "reaches an attribute of torch by a name built at run time" in flags_of(
         'mode = getattr(torch.utils, "hctapsid_nohtyp_"[::-1])._get_current_dispatch_mode()\n')

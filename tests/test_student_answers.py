@@ -938,8 +938,14 @@ def test_red_team_17b_code_the_dispatcher_runs_unwatched_and_the_checkers_lists_
         "scipy": solution.replace(last, "    from scipy.special import softmax as _sm\n"
                                         "    return torch.from_numpy(_sm(z.double().numpy(), axis=dim)).to(x.dtype)"),
     }
+    # red team 17c: the same subclass defined under a module name of torch's (C1), an operator in a
+    # namespace of torch's (C2)
+    answers["subclass named torch's"] = "__name__ = 'torch.answer17c'\n" + answers["subclass"]
+    answers["operator in torch's namespace"] = answers["operator"].replace("answer17b::lazy", "quantized::answer17c_lazy")
     said = {"subclass": "a tensor subclass of the answer's own", "operator": "an operator of the answer's own",
-            "observations": "replaced mpcourse.grading._observations", "scipy": "softmax (in special)"}
+            "observations": "replaced mpcourse.grading._observations", "scipy": "softmax (in special)",
+            "subclass named torch's": "a tensor subclass of the answer's own",
+            "operator in torch's namespace": "an operator of the answer's own"}
     for name, answer in answers.items():
         verdict = run("ex4_softmax_stability", {"p3_solution": answer}, only="p3")[0]["p3_tests"]
         assert not verdict["passed"] and said[name] in verdict["message"], (name, verdict)
