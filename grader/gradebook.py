@@ -488,7 +488,8 @@ def refuse_not_current(course: Path, assignment: str, url: str | None, doing: st
         listed = "; ".join(f"{s}: {why}" for s, why in sorted(stale.items())[:5])
         more = f"; and {len(stale) - 5} more" if len(stale) > 5 else ""
         raise ValueError(f"not {doing}: {len(stale)} grade(s) of {assignment} are not current ({listed}{more}). "
-                         f"Grade them first: python -m grader grade {assignment}")
+                         f"Grade them first: python -m grader grade {assignment}"
+                         + (f" --db-url {without_password(url)}" if url else ""))  # the gradebook read (walkthrough 47f, C1)
 
 
 def export(course: Path, to: Path, url: str | None = None) -> list[tuple[str, str]]:

@@ -128,6 +128,7 @@ def print_results(course: Path, assignment: str, url: str | None = None) -> None
     all of them, then the students with a submission and no grade."""
     from grader.fabricate import test_points
     from grader.gradebook import HALF_WRITTEN, db_url, not_current, scores, submitters, without_password
+    given = f" --db-url {without_password(url)}" if url else ""  # the hints name the gradebook read (walkthrough 47f, C1)
     url = db_url(course, url)
     absent = url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists()
     graded = {} if absent else scores(course, assignment, url)  # (opening a missing SQLite file would create it)
@@ -143,7 +144,7 @@ def print_results(course: Path, assignment: str, url: str | None = None) -> None
     for student, why in sorted(stale.items()):
         if student in graded:
             print(one_line(f"  NOT CURRENT {student}: {why}: the grade above is the earlier submission's "
-                           f"(python -m grader grade {assignment} grades it again)"))
+                           f"(python -m grader grade {assignment}{given} grades it again)"))
     for student, entry in sorted(late_hand_ins(course, assignment).items()):
         if student in graded:  # collect's LATE lines, again where the class's results are read (walkthrough 47c)
             print(one_line(f"  LATE: {student} handed in {assignment} late ({entry.get('file', '?')})"))

@@ -977,3 +977,16 @@ def test_set_aside_moves_what_collecting_and_grading_an_assignment_wrote_and_not
         with pytest.raises(SystemExit, match="set-aside"):
             main(["set-aside", other, "--to", str(to), "--course", str(course)])
     assert (course / "submitted" / "ana" / other / f"{other}.ipynb").exists()
+
+
+def test_the_hint_to_grade_again_names_the_gradebook_given_without_its_password(monkeypatch):
+    """Instructor walkthrough 47f, C1: with the gradebook given by --db-url only, `export` said
+    "Grade them first: python -m grader grade A", which, run as printed, grades into gradebook.db."""
+    monkeypatch.setattr(gradebook, "not_current", lambda course, assignment, url: {"ann": "handed in again"})
+    url = "postgresql+psycopg://grader:s3cret@127.0.0.1:55432/grades"
+    with pytest.raises(ValueError) as refused:
+        gradebook.refuse_not_current(Path("."), ASSIGNMENT, url, "exported", {"ann"})
+    said = str(refused.value)
+    assert f"python -m grader grade {ASSIGNMENT} --db-url postgresql+psycopg://grader" in said and "s3cret" not in said
+    with pytest.raises(ValueError, match=rf"grade {ASSIGNMENT}$"):
+        gradebook.refuse_not_current(Path("."), ASSIGNMENT, None, "exported", {"ann"})
