@@ -217,6 +217,18 @@ def test_a_bad_file_is_named_by_its_name_and_a_master_after_the_first_is_checked
         assert "sgd_step([tensor([0., 0.]), tensor([0., 0.], dtype=torch.float16)]" in verdict["message"], verdict
 
 
+def test_ex1_part3_a_check_of_infinities_alone_fails_the_visible_tests_as_it_fails_the_hidden_ones():
+    """Student walkthrough 48i: `np.isinf` where the task asks for a ValueError on any value that is
+    not finite: the tick, and 0/2 graded (`fit_power_law([1, 2], [nan, 1.0])` returned (nan, nan))."""
+    solution = fabricate.solution_cells("ex1_precision_comparison")["p3_solution"]
+    old = "if not (np.all(np.isfinite(n)) and np.all(np.isfinite(e)) and np.all(n > 0) and np.all(e > 0)):"
+    infinities_only = solution.replace(old, "if np.any(np.isinf(n)) or np.any(np.isinf(e)) or np.any(n <= 0) or np.any(e <= 0):")
+    assert infinities_only != solution
+    for visible in (True, False):
+        verdict = run("ex1_precision_comparison", {"p3_solution": infinities_only}, visible=visible, only="p3")[0]["p3_tests"]
+        assert not verdict["passed"] and "nan" in verdict["message"], (visible, verdict)
+
+
 def test_ex7_a_non_module_says_a_type_error_was_expected_not_only_what_went_wrong():
     answers = {gid: unchecked(src) for gid, src in fabricate.solution_cells("ex7_fp16_nan_hunt").items()
                if notebooks.part_of(gid) == "p1"}
