@@ -274,7 +274,8 @@ def _torch_name(frame) -> str:
 
 _OPERATOR = "(an operator: its name is read per call)"
 # Where installed packages and the standard library live: their functions are not the answer's.
-_LIBRARY_DIRS = tuple(sorted({str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}))
+_LIBRARY_DIRS = tuple(sorted({str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+                             - {"/"}))  # a Python installed at / would make every file a library's
 
 
 @contextlib.contextmanager
