@@ -192,8 +192,9 @@ WATCHED = ("mpcourse.grading", "mpcourse.records")  # the modules the tests chec
 
 
 # What the checking modules change themselves as the tests run: the part's forbidden set (start),
-# the last call that raised (own_work), the observations list and the secret (this runner), what is
-# left of the record budget (records). Every other name they hold stays as imported.
+# the last call that raised (own_work), what is left of the record budget (records). Every other
+# name they hold stays as this runner set it (the secret before, the observations list after the
+# answer cells).
 STATE = {"mpcourse.grading": {"_forbidden", "raised_in"}, "mpcourse.records": {"_budget"}}
 # Names torch's compiler (dynamo) adds to the module of a function it compiles (red team 17b, H1: an
 # honest torch.compile(backend="eager") failed its part): none shadows a built-in.
