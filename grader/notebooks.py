@@ -372,7 +372,9 @@ def stopped_at(notebook: dict, tests: set[str]) -> str | None:
     count, last = max(counts, default=(-1, -1))
     if count < 0 or not any(grade_id(c) in tests for c in code[last + 1:]):
         return None
-    errors = [o for o in code[last].get("outputs") or [] if isinstance(o, dict) and o.get("output_type") == "error"]
+    outputs = code[last].get("outputs")
+    errors = [o for o in (outputs if isinstance(outputs, list) else []) if isinstance(o, dict)
+              and o.get("output_type") == "error"]  # a student's JSON: any shape
     if not errors:
         return None
     name = re.sub(r"[^\w.]", "", str(errors[0].get("ename")))[:60] or "an error"

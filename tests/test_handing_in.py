@@ -224,3 +224,5 @@ def test_a_notebook_whose_run_all_stopped_before_test_cells_is_told_so_on_its_pa
     assert notebooks.stopped_at(notebook, set()) is None
     code[last_test - 2]["outputs"] = []
     assert notebooks.stopped_at(notebook, tests) is None
+    code[last_test - 2]["outputs"] = 5  # a broken submission's outputs: no error, no crash
+    assert notebooks.stopped_at(notebook, tests) is None
