@@ -42,6 +42,7 @@ then says why, and carries "refused" (a review flag).
 """
 import __future__
 import ast
+import contextlib
 import ctypes
 import json
 import math  # noqa: F401  (imported before any student code, as the tests expect)
@@ -148,9 +149,9 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
         os.dup2(devnull, fd)
     seconds = int(job["timeout"])
     resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 2))  # then SIGXCPU, then SIGKILL
-    grading._secret = job["secret"]
     stopped = []  # answer cells that raised: a try-out line may need what the notebook had around it
     observations: list = []
+    early: list = []  # what the answer cells called that the part's tests forbid its functions (watched_early)
     try:
         tests = {"__name__": "__main__"}
         exec(compile(job["setup"], "<set-up cell>", "exec"), tests)
@@ -160,10 +161,11 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
         random_state = rng_state()  # as the set-up cell left it
         before = modules_now()
         forbid_threads(guard_fd)
-        for cell_id, source in part["cells"]:
-            error = run_cell(source, f"<{whose(cell_id)}>", answers)
-            if error:
-                stopped.append((cell_id, f"{whose(cell_id)} raised {error}"))
+        with watched_early(part["test"], early):
+            for cell_id, source in part["cells"]:
+                error = run_cell(source, f"<{whose(cell_id)}>", answers)
+                if error:
+                    stopped.append((cell_id, f"{whose(cell_id)} raised {error}"))
         changed = modules_changed(before)
         if changed:
             record = {"observations": [], "stopped": f"the tests of this part did not run: the answer {changed}",
@@ -171,6 +173,9 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
             write_record(record, record_fd)
         tests.update({name: answers[name] for name in part["names"] if name in answers})
         set_rng_state(random_state)  # the tests draw the same numbers whatever the answers drew
+        # The secret only now: an answer cell that calls grading.seed(n) gets n, the visible tests' seed,
+        # and cannot draw the hidden inputs in advance (red team 18, A2 and A3).
+        grading._secret = before[1]["mpcourse.grading"]["_secret"] = job["secret"]
         grading._observations = observations
         before[1]["mpcourse.grading"]["_observations"] = observations  # and no other list (red team 17b, B4)
         exec(compile(part["test"], f"<tests of {part['test_id']}>", "exec"), tests)
@@ -179,13 +184,57 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
             record = {"observations": [], "stopped": f"the tests of this part were changed as they ran: the answer {changed}",
                       "refused": f"{changed} (the tests could then call what the answer chose)"}
             write_record(record, record_fd)
-        record = {"observations": observations, "stopped": None}
+        record = {"observations": observations, "stopped": None, **early_flag(early)}
     except BaseException as error:  # noqa: BLE001
         said, raised = describe(error), grading.raised_in  # the call own_work made, if it raised this
         if type(raised) is tuple and len(raised) == 2 and raised[0] is error and type(raised[1]) is str:
             said = f"{raised[1][:300]} raised {said}"  # plain data only: no method of the student's runs here
-        record = {"observations": observations, "stopped": failure(said, stopped, part["test_id"])}
+        record = {"observations": observations, "stopped": failure(said, stopped, part["test_id"]), **early_flag(early)}
     write_record(record, record_fd)
+
+
+@contextlib.contextmanager
+def watched_early(test: str, calls: list):
+    """The answer cells watched as own_work watches the answer's functions, if the part's tests call
+    own_work: what they call of the course library (importing a module of it aside), or of the torch
+    functions the tests' start(...) forbids, goes into `calls`. Red team 18 (A1-A3): an answer cell
+    ran the library, or torch.softmax, on every input the tests would use, before any watcher was
+    on, and the function only looked the answers up: full marks, unseen. A call there is not a wrong
+    answer (a try-out line may compare with torch's softmax): it flags the part for the instructor."""
+    if "own_work" not in test:
+        yield
+        return
+    forbidden, seen = frozenset(forbidden_in(test)), []
+    try:
+        with grading._watch_calls_into(grading._PACKAGE_DIR, grading._THIS_FILE, forbidden) as seen, \
+                grading._forbidden_ops(forbidden, seen):
+            yield
+    finally:
+        calls.extend(call for call in seen if not str(call).endswith(".<module>"))
+
+
+def forbidden_in(test: str) -> list[str]:
+    """The names a test cell's `start(part, forbidden=(...))` forbids (literal strings only)."""
+    try:
+        tree = ast.parse(test)
+    except SyntaxError:
+        return []
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "start":
+            for keyword in node.keywords:
+                if keyword.arg == "forbidden" and isinstance(keyword.value, (ast.Tuple, ast.List)):
+                    names += [e.value for e in keyword.value.elts if isinstance(e, ast.Constant) and type(e.value) is str]
+    return names
+
+
+def early_flag(calls: list) -> dict:
+    """The record's flag for calls the answer cells made (watched_early), as plain text, or nothing."""
+    named = sorted({str(call)[:80] for call in calls})
+    if not named:
+        return {}
+    return {"flagged": (f"an answer cell called {', '.join(named[:5])} before the tests ran, where no check of own "
+                        "work watches: answers computed there and looked up by the function would pass: read it")[:300]}
 
 
 WATCHED = ("mpcourse.grading", "mpcourse.records")  # the modules the tests check with
@@ -193,8 +242,8 @@ WATCHED = ("mpcourse.grading", "mpcourse.records")  # the modules the tests chec
 
 # What the checking modules change themselves as the tests run: the part's forbidden set (start),
 # the last call that raised (own_work), what is left of the record budget (records). Every other
-# name they hold stays as this runner set it (the secret before, the observations list after the
-# answer cells).
+# name they hold stays as this runner set it (the secret and the observations list after the answer
+# cells).
 STATE = {"mpcourse.grading": {"_forbidden", "raised_in"}, "mpcourse.records": {"_budget"}}
 # Names torch's compiler (dynamo) adds to the module of a function it compiles (red team 17b, H1: an
 # honest torch.compile(backend="eager") failed its part): none shadows a built-in.
@@ -345,7 +394,7 @@ def grade_part(job: dict, part: dict) -> dict:
         record = json.loads(text)
         if isinstance(record, dict) and isinstance(record.get("observations"), list):
             return {"observations": record["observations"], "stopped": record.get("stopped"),
-                    **({"refused": record["refused"][:300]} if isinstance(record.get("refused"), str) else {})}
+                    **{key: record[key][:300] for key in ("refused", "flagged") if isinstance(record.get(key), str)}}
     except (ValueError, RecursionError):
         pass
     cpu = os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL) and not timed_out

@@ -62,10 +62,11 @@ SUSPECT_CALLS = {
     "import_module": "imports modules by name", "spec_from_file_location": "imports a module from a file",
     "module_from_spec": "imports a module from a file", "reload": "reloads modules",
     "resolve_name": "imports modules by name",  # pkgutil's (red team 45g, A02b)
+    "locate": "imports modules by name",  # pydoc's (red team 18, A1-A3: `pydoc.locate("mpcourse.formats...")`)
 }
 # Calls that import a module named by their first argument: a name built at run time hides which
 # (red team 45g, A02b: `pkgutil.resolve_name("mpcourse" + ".formats:...")`).
-IMPORTS_BY_NAME = {"import_module", "resolve_name", "__import__", "find_spec"}
+IMPORTS_BY_NAME = {"import_module", "resolve_name", "__import__", "find_spec", "locate"}
 # What runs unseen by the own-work watcher (a Python profiler): TorchScript runs in torch's C++
 # interpreter (red team 45g, A01b, A01c: `torch.softmax` and a forbidden fused kernel called from a
 # `torch.jit.CompilationUnit`, 10 of 10, unflagged; the forbidden calls are now seen at torch's
@@ -88,7 +89,7 @@ SUSPECT_NAMES = {
                     "starts threads (one started before the tests runs unwatched by the checks of "
                     "forbidden calls and of own work)"),
     "__module__": "finds modules through objects", "__file__": "reads where a module's file is",
-    "importlib": "imports modules by name", "pkgutil": "imports modules by name",
+    "importlib": "imports modules by name", "pkgutil": "imports modules by name", "pydoc": "imports modules by name",
     **dict.fromkeys(("jit", "CompilationUnit"), f"compiles TorchScript, which {UNWATCHED}"),
     "_C": f"calls torch's C internals, which {UNWATCHED} and can switch off the check of forbidden calls",
     **dict.fromkeys(("_python_dispatch", "TorchDispatchMode", "_disable_current_modes", "_pop_mode",

@@ -528,8 +528,8 @@ def part_record(text: bytes) -> dict:
         record = None
     if not (isinstance(record, dict) and isinstance(record.get("observations"), list)):
         return {"observations": [], "stopped": "the tests of this part sent back a damaged record"}
-    refused = {"refused": str(record["refused"])[:300]} if record.get("refused") else {}
-    return {"observations": record["observations"], "stopped": record.get("stopped"), **refused}
+    flags = {key: str(record[key])[:300] for key in ("refused", "flagged") if record.get(key)}
+    return {"observations": record["observations"], "stopped": record.get("stopped"), **flags}
 
 
 def run_references(folder: Path, job: dict, secrets: list[str], sandbox: bool,

@@ -339,8 +339,9 @@ TIMED_OUT_WITH_ADDED = ("ran past its time with cells the student added ({}): a 
 
 def record_flags(job: dict, records: dict) -> dict[str, list[str]]:
     """{part: [why to read it]} from the student's records of their hidden-test `job`: a record too
-    large to read (runs.read_records), and tests that ran past their time with cells the student
-    added (TIMED_OUT_WITH_ADDED)."""
+    large to read (runs.read_records), tests that ran past their time with cells the student
+    added (TIMED_OUT_WITH_ADDED), and answer cells that called what the part's functions may not
+    (hidden_tests.watched_early)."""
     added = {part["test_id"]: [name.split("_added ", 1)[1].strip("()") for name, _ in part["cells"]
                                if "_added (" in name] for part in job["parts"]}
     flags: dict[str, list[str]] = {}
@@ -351,6 +352,8 @@ def record_flags(job: dict, records: dict) -> dict[str, list[str]]:
                                                           "made the part's record unreadable: " + why)
         elif "did not finish" in str(record.get("stopped")) and added.get(test_id):
             flags.setdefault(part_of(test_id), []).append(TIMED_OUT_WITH_ADDED.format(", ".join(added[test_id])))
+        if record.get("flagged"):  # the answer cells called what the part's functions may not (red team 18)
+            flags.setdefault(part_of(test_id), []).append(str(record["flagged"]))
     return flags
 
 

@@ -698,6 +698,10 @@ def test_the_red_team_45g_evasions_and_missing_packages_are_flagged():
                  'f = importlib.import_module(name)\n', 'm = __import__(f"{a}course")\n'):
         assert built in flags_of(code), code
     assert "imports modules by name" in flags_of("from pkgutil import resolve_name\n")
+    # red team 18: pydoc.locate imports by name too, and its string names the library
+    assert "imports modules by name" in flags_of('import pydoc\nf = pydoc.locate("mpcourse.formats.get_format")\n')
+    assert any(why.startswith("uses the course library") for why in flags_of('f = pydoc.locate("mpcourse.formats.get_format")\n'))
+    assert built in flags_of('from pydoc import locate\nf = locate("mp" + "course.formats.get_format")\n')
     assert built not in flags_of('f = pkgutil.resolve_name("mpcourse.formats:round_to")\n')
     assert any(why.startswith("uses the course library") for why in flags_of('f = pkgutil.resolve_name("mpcourse.formats:round_to")\n'))
     # A07: a package the grading environment cannot import, however it is imported

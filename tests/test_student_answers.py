@@ -1240,3 +1240,34 @@ def test_a_secret_starts_from_a_fresh_state_and_its_failure_stays_its_own():
                                            sandbox=False, timeout=60)
     assert problem is None and records == [first, unlucky, last]
     assert sorted(p.name for p in folder.iterdir()) == ["batch", "batch-1", "batch-2"]  # three runs
+
+
+def test_red_team_18_an_answer_cell_draws_no_hidden_input_and_its_library_calls_flag_the_part():
+    """Red team 18, each full marks unflagged: answer cells that, before the tests and their watchers,
+    drew the hidden inputs with grading.seed (the secret was already set) and stored torch.softmax's
+    (A3) or the library's (A2) answers for the function to look up; and a table built with the
+    library's get_format when the function is defined (A1: ex3 Part 4's inputs are fixed dtypes).
+    The seed an answer cell gets is now the visible tests', not the hidden tests', so a table drawn
+    there misses; a library or forbidden call made there flags the part for the instructor."""
+    solution = fabricate.solution_cells("ex4_softmax_stability")["p3_solution"]
+    drawn_early = "_EARLY = grading.seed(7)\n" + solution.replace(
+        "    return (e / e.sum(dim=dim, keepdim=True)).to(x.dtype)",
+        "    assert grading.seed(7) == _EARLY, 'the table drawn early misses'\n"
+        "    return (e / e.sum(dim=dim, keepdim=True)).to(x.dtype)")
+    verdict = run("ex4_softmax_stability", {"p3_solution": drawn_early}, only="p3")[0]["p3_tests"]
+    assert not verdict["passed"] and "the table drawn early misses" in verdict["message"], verdict
+
+    softmax_early = solution + "\n_TABLE = torch.softmax(torch.zeros(3), -1)\n"
+    student = jobs("ex4_softmax_stability", {"p3_solution": softmax_early}, False)[1]
+    student["parts"] = [p for p in student["parts"] if notebooks.part_of(p["test_id"]) == "p3"]
+    flagged = runner(student, library("ex4_softmax_stability"))["p3_tests"].get("flagged", "")
+    assert "an answer cell called" in flagged and "softmax" in flagged, flagged
+
+    table = fabricate.solution_cells("ex3_dynamic_range")["p4_solution"] + (
+        "\nfrom mpcourse.formats import get_format\n_EDGES = {name: get_format(name).max_value for name in ('fp16', 'bf16')}\n")
+    student = jobs("ex3_dynamic_range", {"p4_solution": table}, False)[1]
+    records = runner(student, library("ex3_dynamic_range"))
+    assert "formats.get_format" in records["p4_tests"].get("flagged", ""), records["p4_tests"]
+    assert not any("flagged" in records[p] for p in records if p != "p4_tests"), records  # the other parts: not asked
+    honest = runner(jobs("ex3_dynamic_range", {}, False)[1], library("ex3_dynamic_range"))
+    assert not any("flagged" in record for record in honest.values()), honest
