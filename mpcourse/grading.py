@@ -290,8 +290,10 @@ def _watch_calls_into(directory: Path, excluded: Path, forbidden: frozenset[str]
     c_names: dict = {}
 
     def called(code) -> str | None:
-        filename = code.co_filename
-        if filename.startswith(str(directory)) and Path(filename).resolve() != excluded:
+        # by its real path: the directories above are resolved, and a course or a venv reached through
+        # a symbolic link imports its files under the link's path (a symlinked venv hid scipy's softmax)
+        filename = str(Path(code.co_filename).resolve()) if code.co_filename.startswith("/") else code.co_filename
+        if filename.startswith(str(directory)) and Path(filename) != excluded:
             return f"{Path(filename).stem}.{code.co_name}"
         if filename.startswith(str(_TRUSTED_DIRS[1])):
             return _OPERATOR if code.co_name == "__call__" else (

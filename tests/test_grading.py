@@ -326,3 +326,18 @@ def test_summary_says_that_the_hidden_tests_also_try_other_and_bad_inputs(capsys
     grading.summary()
     out = capsys.readouterr().out
     assert "hidden tests" in out and "bad inputs" in out and "other inputs" in out
+
+
+def test_a_library_file_reached_through_a_symbolic_link_is_still_the_library(tmp_path):
+    """A course or a venv reached through a symbolic link imports its files under the link's path:
+    the watcher compares real paths (a symlinked venv hid scipy's softmax from it)."""
+    from importlib import util
+    from pathlib import Path
+    link = tmp_path / "linked"
+    link.symlink_to(Path(grading.__file__).resolve().parent)
+    spec = util.spec_from_file_location("linked_numerics", link / "numerics.py")
+    linked = util.module_from_spec(spec)
+    spec.loader.exec_module(linked)
+    assert linked.naive_softmax.__code__.co_filename.startswith(str(link))
+    with pytest.raises(AssertionError, match="numerics.naive_softmax"):
+        grading.own_work(linked.naive_softmax, torch.randn(4))
