@@ -114,7 +114,10 @@ class NonFiniteReport:
                          f"was finite: the {_kind(s)} arose in the backward of {where}.")
         elif s.inf:
             lines.append("This module's backward produced it: a parameter's gradient sums over "
-                         "the batch, and can overflow while every activation gradient is finite.")
+                         "the batch, and a weight's multiplies the output gradients by the layer's "
+                         "inputs (an activation gradient multiplies them by the weights), so with "
+                         "large inputs next to small weights, or a large batch, it can overflow "
+                         "while every activation gradient is finite.")
         else:  # NaN and no inf: an invalid operation, not an overflow
             lines.append("This module's backward produced it by an invalid operation, not an "
                          "overflow: 0 * inf, inf - inf or 0/0, such as the infinite derivative of "
