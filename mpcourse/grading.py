@@ -40,10 +40,12 @@ inputs; in a student's notebook it returns `n`.
 """
 import builtins
 import hashlib
+import inspect
 import math
 import contextlib
 import sys
 import threading
+import types
 from pathlib import Path, PurePath
 
 import numpy as np
@@ -92,6 +94,7 @@ _forbidden: frozenset[str] = frozenset()  # names of torch functions the current
 _secret = ""                   # set by the hidden-test runner only
 _observations: list | None = None  # set by the hidden-test runner: record what happened, decide nothing
 raised_in: tuple | None = None  # (exception, call) of the last call own_work made that raised
+_calls_in_raises: list[str] = []  # what the part's `raises` calls of the answer called (own_work reports them)
 
 
 def seed(n: int) -> int:
@@ -182,6 +185,7 @@ def start(part: str, forbidden: tuple[str, ...] = (), withheld: tuple[str, ...] 
               "set it back to False, the default.")
         torch.set_flush_denormal(False)
     _forbidden = frozenset(str(name) for name in forbidden)  # a new one each part: nothing to update in place
+    _calls_in_raises.clear()
     if part in _parts_passed:
         _parts_passed.remove(part)
 
@@ -384,6 +388,16 @@ def _check_exact_types(value, what: str, depth: int = 0) -> None:
         _check_exact_types(item, what, depth + 1)
 
 
+def _name_of(function, default: str = "your code") -> str:
+    """`function.__name__`, read without running any code of the answer's: a `__name__` property
+    on a callable object ran after own_work's watchers were off and filled its result with
+    torch.softmax there (red team 19)."""
+    if type(function) in (types.FunctionType, types.BuiltinFunctionType):  # C attributes of torch's and Python's types
+        return function.__name__
+    name = inspect.getattr_static(function, "__name__", None)  # a descriptor (a property) is returned, not run
+    return name if type(name) is str else default
+
+
 def own_work(function, *args, **kwargs):
     """Call a student's `function(*args, **kwargs)` and return its result, failing if it used
     `mpcourse`'s reference implementation (the exercise asks for one built from NumPy/torch), a
@@ -391,17 +405,18 @@ def own_work(function, *args, **kwargs):
     plain type (a float whose == is always true, say)."""
     global raised_in
     if not callable(function):
-        raise AssertionError(f"expected a function, got {type(function).__name__}")
+        raise AssertionError("expected a function")
+    name = _name_of(function)  # before the watchers: after them nothing of the answer's may run (red team 19)
     forbidden = _forbidden if type(_forbidden) is frozenset else None  # None: replaced (red team 16f)
     try:
         with _watch_calls_into(_PACKAGE_DIR, _THIS_FILE, forbidden or frozenset()) as calls, \
                 _forbidden_ops(forbidden, calls):
             result = function(*args, **kwargs)
-            _check_exact_types(result, getattr(function, "__name__", "your code"))  # watched: it may run the answer's code (red team 17b, B7)
+            _check_exact_types(result, name)  # watched: it may run the answer's code (red team 17b, B7)
     except Exception as error:
         raised_in = (error, call_text(function, *args, **kwargs))  # the runner names the call (walkthrough 5)
         raise
-    name = getattr(function, "__name__", "your code")
+    calls = calls + _calls_in_raises  # a call that raised is the same function: a table made there (red team 19)
     if _observations is not None:  # graded: the judge decides (grader/judge.py)
         _observations.append({"check": "own_work", "what": name, "calls": sorted(set(calls))[:5],
                               "forbidden": None if forbidden is None else sorted(forbidden)})
@@ -429,7 +444,7 @@ def _shown(value, width: int = 60) -> str:
 
 def call_text(function, *args, **kwargs) -> str:
     """`name(arg, ..., key=value)` as the call was made, for a message."""
-    name = getattr(function, "__name__", "your function")
+    name = _name_of(function, "your function")
     shown = [_shown(a) for a in args] + [f"{k}={_shown(v)}" for k, v in kwargs.items()]
     return f"{name}({', '.join(shown)})"
 
@@ -440,16 +455,23 @@ def raises(expected, function, *args, **kwargs) -> None:
     call = call_text(function, *args, **kwargs)
     wanted = [e.__name__ for e in (expected if isinstance(expected, tuple) else (expected,))]
     raised, did = None, None
-    try:
-        result = function(*args, **kwargs)
-        did = f"returned {_shown(result)}"
-    except Exception as error:  # noqa: BLE001  which exception: the observation
-        raised = [k.__name__ for k in type(error).__mro__]
+    forbidden = _forbidden if type(_forbidden) is frozenset else None
+    # Watched as own_work watches (its next check reports the calls): unwatched, a call here ran
+    # torch.softmax or the library on the hidden inputs, drawn with grading.seed, for the answer to
+    # look up when own_work called it (red team 19's window, on the raises side).
+    with _watch_calls_into(_PACKAGE_DIR, _THIS_FILE, forbidden or frozenset()) as calls, \
+            _forbidden_ops(forbidden, calls):
         try:
-            text = BaseException.__str__(error)[:200]
-        except Exception:  # noqa: BLE001
-            text = ""
-        did = f"raised {type(error).__name__}{': ' + text if text else ''}"
+            result = function(*args, **kwargs)
+            did = f"returned {_shown(result)}"
+        except Exception as error:  # noqa: BLE001  which exception: the observation
+            raised = [type.__getattribute__(k, "__name__") for k in type(error).__mro__]
+            try:
+                text = BaseException.__str__(error)[:200]
+            except Exception:  # noqa: BLE001
+                text = ""
+            did = f"raised {raised[0]}{': ' + text if text else ''}"
+    _calls_in_raises.extend(calls)
     if _observations is not None:
         _observations.append({"check": "raises", "what": call, "expected": wanted, "raised": raised, "did": did})
         return

@@ -1271,3 +1271,36 @@ def test_red_team_18_an_answer_cell_draws_no_hidden_input_and_its_library_calls_
     assert not any("flagged" in records[p] for p in records if p != "p4_tests"), records  # the other parts: not asked
     honest = runner(jobs("ex3_dynamic_range", {}, False)[1], library("ex3_dynamic_range"))
     assert not any("flagged" in record for record in honest.values()), honest
+
+
+def test_red_team_19_an_answer_whose_name_is_a_property_runs_nothing_after_the_watchers():
+    """Red team 19 (A1), 3/3 unflagged: a callable object whose `__name__` property, read by
+    own_work after its watchers were off, filled the returned tensor with the forbidden
+    torch.softmax. Nothing of the answer's now runs there: its name is read without running it."""
+    answer = ("class _Answer:\n    def __init__(self):\n        self.pending, self.reads = [], 0\n"
+              "    @property\n    def __name__(self):\n        self.reads += 1\n"
+              "        if self.reads % 2 == 0:  # the read after the watchers\n"
+              "            for p, x, dim in self.pending:\n"
+              "                p.copy_(torch.softmax(x.double(), dim=dim).to(x.dtype))\n"
+              "            self.pending.clear()\n        return 'stable_softmax'\n"
+              "    def __call__(self, x, dim=-1):\n"
+              "        if not isinstance(x, torch.Tensor) or not x.is_floating_point():\n"
+              "            raise TypeError('stable_softmax takes a floating-point tensor')\n"
+              "        p = torch.empty_like(x)\n        self.pending.append((p, x, dim))\n        return p\n"
+              "stable_softmax = _Answer()\n")
+    verdict = run("ex4_softmax_stability", {"p3_solution": answer}, only="p3")[0]["p3_tests"]
+    assert not verdict["passed"], verdict
+
+
+def test_a_call_that_raises_is_watched_as_own_work_watches():
+    """The same window on the raises side: a call the tests expect to raise ran unwatched, so it
+    could compute the answers (torch.softmax on inputs drawn with grading.seed) for own_work's later
+    calls to look up. What it calls is now reported by the part's next own_work check."""
+    solution = fabricate.solution_cells("ex4_softmax_stability")["p3_solution"]
+    answer = solution.replace("def stable_softmax(x, dim=-1):\n",
+                              "def stable_softmax(x, dim=-1):\n"
+                              "    if not isinstance(x, torch.Tensor) or not x.is_floating_point():\n"
+                              "        torch.softmax(torch.zeros(2), 0)  # a table could be made here\n", 1)
+    assert answer != solution
+    verdict = run("ex4_softmax_stability", {"p3_solution": answer}, only="p3")[0]["p3_tests"]
+    assert not verdict["passed"] and "torch.softmax" in verdict["message"], verdict
