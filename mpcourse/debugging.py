@@ -116,8 +116,9 @@ class NonFiniteReport:
             lines.append("This module's backward produced it: a parameter's gradient sums over "
                          "the batch, and a weight's multiplies the output gradients by the layer's "
                          "inputs (an activation gradient multiplies them by the weights), so with "
-                         "large inputs next to small weights, or a large batch, it can overflow "
-                         "while every activation gradient is finite.")
+                         "large inputs next to small weights, or a loss summed (not averaged) "
+                         "over a large batch, it can overflow while every activation gradient is "
+                         "finite.")
         else:  # NaN and no inf: an invalid operation, not an overflow
             lines.append("This module's backward produced it by an invalid operation, not an "
                          "overflow: 0 * inf, inf - inf or 0/0, such as the infinite derivative of "
