@@ -318,10 +318,11 @@ class AdamLowPrecisionStates(torch.optim.Optimizer):
 
 def train_lm(tokens: torch.Tensor, *, steps: int, lr: float, qk_norm: bool = False,
              z_weight: float = 0.0, cap: float | None = None, seed: int = 0,
-             batch_size: int = 16, context: int = 32):
+             batch_size: int = 16, context: int = 32, warmup: int = 0):
     """One plain FP32 AdamW run (no weight decay) of `stable_tiny_transformer` on ``tokens``,
     its initial weights and its batches drawn from ``seed``; QK-norm, a z-loss of weight
-    ``z_weight`` and a soft cap at ``cap`` as asked.
+    ``z_weight``, a soft cap at ``cap`` and a linear warm-up of the learning rate over the first
+    ``warmup`` steps (step t, from 0, at ``lr · min(1, (t + 1) / warmup)``) as asked.
 
     Returns ``(model, history)``: per step the loss (without the z-loss), the largest attention
     logit of any block, the mean log Z and the largest ``|logit|`` (after the cap).
@@ -333,7 +334,9 @@ def train_lm(tokens: torch.Tensor, *, steps: int, lr: float, qk_norm: bool = Fal
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
     history = {"loss": [], "attention": [], "log Z": [], "logit": []}
-    for _ in range(steps):
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr * min(1.0, (step + 1) / warmup) if warmup else lr
         x, y = lm_batch(tokens, batch_size, context, generator=generator)
         logits = model(x)
         if cap is not None:

@@ -272,6 +272,15 @@ def test_train_lm_records_every_step_and_applies_the_cap():
     assert again == history  # weights and batches come from the seed alone
 
 
+def test_train_lm_warms_the_learning_rate_up_linearly():
+    torch.set_num_threads(1)
+    tokens = encode_text(addition_corpus(200))
+    warm = stability.train_lm(tokens, steps=2, lr=3e-3, warmup=2)[1]["loss"]
+    half = stability.train_lm(tokens, steps=2, lr=1.5e-3)[1]["loss"]  # the warm-up's first step
+    full = stability.train_lm(tokens, steps=2, lr=3e-3)[1]["loss"]
+    assert warm == half != full  # the second loss is the first step's result
+
+
 def test_spike_runs_that_share_their_start_give_the_numbers_of_separate_runs():
     torch.set_num_threads(1)
     tokens = encode_text(addition_corpus(200))
