@@ -372,13 +372,46 @@ _EXACT = (bool, int, float, complex, str, bytes, tuple, list, dict, set, np.ndar
           torch.Tensor, torch.dtype, torch.device)
 
 
+# What a class's namespace may hold besides functions: C descriptors, constants.
+_PLAIN_ATTRIBUTES = (types.WrapperDescriptorType, types.MethodDescriptorType, types.ClassMethodDescriptorType,
+                     types.GetSetDescriptorType, types.MemberDescriptorType, types.BuiltinFunctionType,
+                     str, bytes, int, float, bool, tuple, frozenset, type(None), dict, np.generic,
+                     type(vars(type(np.linalg.svd(np.eye(1))))["U"]))  # a namedtuple's field (SVDResult.U)
+_TYPE_ATTRIBUTE = {name: type.__dict__[name] for name in ("__mro__", "__module__", "__dict__")}  # run no metaclass's code
+
+
+def _numpy_or_torch_class(cls) -> bool:
+    """A subclass numpy or torch define (np.float64, torch.Size, nn.Parameter): its module is
+    theirs, and every function its classes up to the plain type define is in their files (or in C).
+    Judged by where the code is, not by what the class says its module is: a class defined while
+    the answer's `__name__` read "torch.lazy" filled itself in when the tests read it (red team 20)."""
+    if str(_TYPE_ATTRIBUTE["__module__"].__get__(cls)).split(".")[0] not in ("numpy", "torch"):
+        return False
+    for klass in _TYPE_ATTRIBUTE["__mro__"].__get__(cls):
+        if klass in _EXACT or klass is object:
+            break
+        namespace = _TYPE_ATTRIBUTE["__dict__"].__get__(klass)
+        for key, value in namespace.items():
+            inner = (value.__func__ if isinstance(value, (classmethod, staticmethod)) else
+                     value.fget if isinstance(value, property) else value)
+            code = getattr(inner, "__code__", None) if isinstance(inner, types.FunctionType) else None
+            if key == "__new__" and "_fields" in namespace and code is not None and code.co_filename == "<string>":
+                continue  # collections.namedtuple's __new__, made from text (np.linalg.svd's result)
+            if code is not None:
+                if not any(Path(code.co_filename).resolve().is_relative_to(d) for d in _TRUSTED_DIRS):
+                    return False
+            elif not isinstance(inner, _PLAIN_ATTRIBUTES) and not (isinstance(inner, type) and inner.__module__.split(".")[0]
+                                                                    in ("numpy", "torch", "builtins")):
+                return False
+    return True
+
+
 def _check_exact_types(value, what: str, depth: int = 0) -> None:
     """Refuse a result holding an instance of a subclass of a built-in, NumPy or torch type."""
     if depth > 3:
         return
     for base in _EXACT:
-        if isinstance(value, base) and type(value) not in _EXACT and (
-                type(value).__module__.split(".")[0] not in ("numpy", "torch")):
+        if isinstance(value, base) and type(value) not in _EXACT and not _numpy_or_torch_class(type(value)):
             raise AssertionError(f"{what} returned a {type(value).__name__}, a subclass of "
                                  f"{base.__name__}: return a plain {base.__name__}")
     items = (value.values() if type(value) is dict else value if type(value) in (tuple, list, set)

@@ -341,3 +341,16 @@ def test_a_library_file_reached_through_a_symbolic_link_is_still_the_library(tmp
     assert linked.naive_softmax.__code__.co_filename.startswith(str(link))
     with pytest.raises(AssertionError, match="numerics.naive_softmax"):
         grading.own_work(linked.naive_softmax, torch.randn(4))
+
+
+def test_a_class_is_numpys_or_torchs_by_where_its_code_is_not_by_its_module_name():
+    """Red team 20 (A2): a dict subclass defined while `__name__` read "torch.lazy" passed the
+    result check and filled itself in from the library when the tests read it."""
+    namespace = {"__name__": "torch.lazy"}
+    exec("class Lazy(dict):\n    def __getitem__(self, key):\n        return 1\n", namespace)
+    assert namespace["Lazy"].__module__ == "torch.lazy"
+    with pytest.raises(AssertionError, match="a subclass of dict"):
+        grading.own_work(lambda: namespace["Lazy"]())
+    for honest in (np.float64(1.0), torch.Size([2]), torch.nn.Parameter(torch.ones(2)), torch.max(torch.ones(2, 2), 0),
+                   np.linalg.svd(np.eye(2)), np.ma.array([1.0])):
+        grading.own_work(lambda: honest)  # numpy's and torch's own subclasses pass

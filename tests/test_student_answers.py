@@ -1304,3 +1304,24 @@ def test_a_call_that_raises_is_watched_as_own_work_watches():
     assert answer != solution
     verdict = run("ex4_softmax_stability", {"p3_solution": answer}, only="p3")[0]["p3_tests"]
     assert not verdict["passed"] and "torch.softmax" in verdict["message"], verdict
+
+
+def test_red_team_20_a_subclass_that_says_it_is_torchs_is_judged_by_where_its_code_is():
+    """Red team 20 (A1), 3/3 unflagged: an answer cell set `__name__ = "torch.lazy"` while it
+    defined a tensor subclass, so the result check took the class for torch's; the function
+    returned an empty tensor of it, filled with the forbidden torch.softmax when the tests first
+    touched it, after the watchers. A class is now torch's or numpy's only where its code is."""
+    answer = ("_keep = __name__\n__name__ = 'torch.lazy'\n"
+              "class _Result(torch.Tensor):\n    @classmethod\n"
+              "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+              "        for plain, x, dim in _pending:\n"
+              "            plain.copy_(torch.softmax(x.double(), dim).to(x.dtype))\n"
+              "        _pending.clear()\n        return super().__torch_function__(func, types, args, kwargs or {})\n"
+              "__name__ = _keep\n_pending = []\n"
+              "def stable_softmax(x, dim=-1):\n"
+              "    if not isinstance(x, torch.Tensor) or not x.is_floating_point():\n"
+              "        raise TypeError('x must be a floating-point tensor')\n"
+              "    plain = torch.empty_like(x)\n    _pending.append((plain, x, dim % x.dim() if x.dim() else 0))\n"
+              "    return plain.as_subclass(_Result)\n")
+    verdict = run("ex4_softmax_stability", {"p3_solution": answer}, only="p3")[0]["p3_tests"]
+    assert not verdict["passed"] and "a subclass of Tensor" in verdict["message"], verdict
