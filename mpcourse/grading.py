@@ -400,8 +400,8 @@ def _numpy_or_torch_class(cls) -> bool:
             if code is not None:
                 if not any(Path(code.co_filename).resolve().is_relative_to(d) for d in _TRUSTED_DIRS):
                     return False
-            elif not isinstance(inner, _PLAIN_ATTRIBUTES) and not (isinstance(inner, type) and inner.__module__.split(".")[0]
-                                                                    in ("numpy", "torch", "builtins")):
+            elif not isinstance(inner, _PLAIN_ATTRIBUTES) and not (isinstance(inner, type) and str(
+                    _TYPE_ATTRIBUTE["__module__"].__get__(inner)).split(".")[0] in ("numpy", "torch", "builtins")):
                 return False
     return True
 
