@@ -233,8 +233,8 @@ def early_flag(calls: list) -> dict:
     named = sorted({str(call)[:80] for call in calls})
     if not named:
         return {}
-    return {"flagged": (f"an answer cell called {', '.join(named[:5])} before the tests ran, where no check of own "
-                        "work watches: answers computed there and looked up by the function would pass: read it")[:300]}
+    return {"flagged": (f"an answer cell called {', '.join(named[:5])} before the tests ran: answers computed there "
+                        "and only looked up by the function pass the check of own work: read it")[:300]}
 
 
 WATCHED = ("mpcourse.grading", "mpcourse.records")  # the modules the tests check with
