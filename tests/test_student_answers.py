@@ -1268,6 +1268,8 @@ def test_red_team_18_an_answer_cell_draws_no_hidden_input_and_its_library_calls_
     student = jobs("ex3_dynamic_range", {"p4_solution": table}, False)[1]
     records = runner(student, library("ex3_dynamic_range"))
     assert "formats.get_format" in records["p4_tests"].get("flagged", ""), records["p4_tests"]
+    from grader import schedule  # and the report's READ line for the part says so
+    assert any("formats.get_format" in why for why in schedule.record_flags(student, records).get("p4", [])), records
     assert not any("flagged" in records[p] for p in records if p != "p4_tests"), records  # the other parts: not asked
     honest = runner(jobs("ex3_dynamic_range", {}, False)[1], library("ex3_dynamic_range"))
     assert not any("flagged" in record for record in honest.values()), honest
