@@ -87,7 +87,7 @@ NAME_JOINERS = "\u200c\u200d"  # zero-width non-joiner and joiner: part of Persi
 
 
 def marks_as_letters(name: str) -> str:
-    """`name` with each combining mark, joiner and connector other than `_` read as a letter, for
+    r"""`name` with each combining mark, joiner and connector other than `_` read as a letter, for
     matching: \w reads letters, not the marks that some scripts write as characters of their own
     (Devanagari's vowel signs, Arabic's shadda: red team 45j, A01, and 45k, A04, never collected),
     nor a Persian name's zero-width non-joiner or a fullwidth `＿` (45l, A03). The same length, so
