@@ -152,6 +152,7 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
     stopped = []  # answer cells that raised: a try-out line may need what the notebook had around it
     observations: list = []
     early: list = []  # what the answer cells called that the part's tests forbid its functions (watched_early)
+    hooks_tried: list = []  # audit hooks and monitoring callbacks the answer tried to add (refuse_unwatched_callbacks)
     try:
         tests = {"__name__": "__main__"}
         exec(compile(job["setup"], "<set-up cell>", "exec"), tests)
@@ -161,6 +162,7 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
         random_state = rng_state()  # as the set-up cell left it
         before = modules_now()
         forbid_threads(guard_fd)
+        refuse_unwatched_callbacks(hooks_tried)
         with watched_early(part["test"], early):
             for cell_id, source in part["cells"]:
                 error = run_cell(source, f"<{whose(cell_id)}>", answers)
@@ -190,7 +192,46 @@ def run_part(job: dict, part: dict, record_fd: int, guard_fd: int) -> None:
         if type(raised) is tuple and len(raised) == 2 and raised[0] is error and type(raised[1]) is str:
             said = f"{raised[1][:300]} raised {said}"  # plain data only: no method of the student's runs here
         record = {"observations": observations, "stopped": failure(said, stopped, part["test_id"]), **early_flag(early)}
+    if hooks_tried:
+        record["flagged"] = "; ".join(filter(None, (record.get("flagged"), UNWATCHED_CALLBACKS)))[:500]
     write_record(record, record_fd)
+
+
+# Code that CPython runs with profilers and tracers off: an audit hook, when the answer raises its
+# event (sys.audit), and on Python 3.12 and later a sys.monitoring callback. What such code computed
+# went unseen by the own-work check and the check of forbidden calls (red team 21, A03 and A04:
+# scipy's softmax in ex4 Part 3, the library's matmul_bytes in ex5 Part 3, full marks, unflagged).
+# No hook is added and no monitoring tool is free, whoever asks (on Python 3.12 an installed package
+# may ask: filelock, for its fork safety, which a run without processes needs not).
+UNWATCHED_CALLBACKS = ("the answer tried to add an audit hook (sys.addaudithook) or a sys.monitoring callback, whose "
+                       "code would run unseen by the checks: none was added")
+MONITORING = ("use_tool_id", "free_tool_id", "clear_tool_id", "register_callback", "set_events", "set_local_events")
+
+
+def refuse_unwatched_callbacks(tried: list) -> None:
+    """From now on this process adds no audit hook: its own, added first, refuses each later one, which
+    sys.addaudithook then drops without a word (CPython's rule for a hook that raises RuntimeError on
+    that event; a hook cannot be removed from Python). Every sys.monitoring tool is taken, and the
+    functions that would free one or give it a callback are replaced by ones that refuse: the
+    originals then have no reference left. `tried` counts the attempts, for the record's flag."""
+    def refuse(event, args):
+        if event == "sys.addaudithook":
+            tried.append(event)
+            raise RuntimeError("no audit hook is added while a part is graded")
+    sys.addaudithook(refuse)
+    monitoring = getattr(sys, "monitoring", None)
+    if monitoring is None:  # before Python 3.12
+        return
+
+    def refused(*args, **kwargs):
+        tried.append("sys.monitoring")
+        raise RuntimeError("sys.monitoring cannot be used while your work is graded")
+    for tool in range(6):  # the tool ids Python code may take (sys.setprofile and sys.settrace have their own)
+        if monitoring.get_tool(tool) is None:
+            monitoring.use_tool_id(tool, "grader")
+    for name in MONITORING:
+        if hasattr(monitoring, name):
+            setattr(monitoring, name, refused)
 
 
 @contextlib.contextmanager

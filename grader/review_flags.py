@@ -46,6 +46,9 @@ def not_parsed(text: str) -> str | None:
     return None
 
 
+# Code CPython runs with profilers and tracers off (an audit hook's; a sys.monitoring callback's):
+# unseen by the own-work check and the Python side of the check of forbidden calls.
+UNWATCHED_BY_PROFILERS = "runs unseen by the own-work check (the grader adds none while a part is graded)"
 # What an answer needs no part of: reaching into the runner, the system or the libraries. Each is
 # a reason for the instructor to read the answer (a flag, not a verdict: the grade stands).
 SUSPECT_CALLS = {
@@ -63,10 +66,14 @@ SUSPECT_CALLS = {
     "module_from_spec": "imports a module from a file", "reload": "reloads modules",
     "resolve_name": "imports modules by name",  # pkgutil's (red team 45g, A02b)
     "locate": "imports modules by name",  # pydoc's (red team 18, A1-A3: `pydoc.locate("mpcourse.formats...")`)
+    # runpy's: red team 21, A04 (`runpy.run_module("mpcourse.bench.probes")` inside an audit hook)
+    "run_module": "runs a module by name", "run_path": "runs a module from a file",
+    # code CPython runs with profilers off (red team 21, A03, A04; refused by grader/hidden_tests.py)
+    "addaudithook": f"adds an audit hook, whose code {UNWATCHED_BY_PROFILERS}",
 }
 # Calls that import a module named by their first argument: a name built at run time hides which
 # (red team 45g, A02b: `pkgutil.resolve_name("mpcourse" + ".formats:...")`).
-IMPORTS_BY_NAME = {"import_module", "resolve_name", "__import__", "find_spec", "locate"}
+IMPORTS_BY_NAME = {"import_module", "resolve_name", "__import__", "find_spec", "locate", "run_module"}
 # What runs unseen by the own-work watcher (a Python profiler): TorchScript runs in torch's C++
 # interpreter (red team 45g, A01b, A01c: `torch.softmax` and a forbidden fused kernel called from a
 # `torch.jit.CompilationUnit`, 10 of 10, unflagged; the forbidden calls are now seen at torch's
@@ -90,6 +97,8 @@ SUSPECT_NAMES = {
                     "forbidden calls and of own work)"),
     "__module__": "finds modules through objects", "__file__": "reads where a module's file is",
     "importlib": "imports modules by name", "pkgutil": "imports modules by name", "pydoc": "imports modules by name",
+    "runpy": "imports modules by name",
+    "monitoring": f"uses sys.monitoring, whose callbacks' code {UNWATCHED_BY_PROFILERS}",
     **dict.fromkeys(("jit", "CompilationUnit"), f"compiles TorchScript, which {UNWATCHED}"),
     "_C": f"calls torch's C internals, which {UNWATCHED} and can switch off the check of forbidden calls",
     **dict.fromkeys(("_python_dispatch", "TorchDispatchMode", "_disable_current_modes", "_pop_mode",
@@ -122,6 +131,7 @@ ATTRIBUTE_CALLS = {"getattr", "setattr", "delattr", "hasattr"}
 # Plain text is read for the names no honest text holds ("getprofile", "cell_contents", "__closure__"),
 # not for words ("signal", "link", "mpcourse") that a printed label may: k = "getprofile"; getattr(sys, k)
 UNMISTAKABLE = {"getprofile", "gettrace", "setprofile", "settrace", "currentframe", "CompilationUnit", "CodeType",
+                "addaudithook",
                 "FunctionType", "get_referrers", "get_objects"}
 FOLDED_CHARS = 10_000  # the longest text put together (a cell's own text is bounded by PARSED_CHARS)
 SUSPECT_TEXT = {"/proc": "reads /proc", "/dev/fd": "reads file descriptors", "/sys": "reads /sys",

@@ -3,6 +3,7 @@ sandbox: these answers are ours): the visible tests try the bad inputs the hidde
 failure message shows the real call and the exception expected, and a tolerance fits the task."""
 import ast
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -1327,3 +1328,120 @@ def test_red_team_20_a_subclass_that_says_it_is_torchs_is_judged_by_where_its_co
               "    return plain.as_subclass(_Result)\n")
     verdict = run("ex4_softmax_stability", {"p3_solution": answer}, only="p3")[0]["p3_tests"]
     assert not verdict["passed"] and "a subclass of Tensor" in verdict["message"], verdict
+
+
+AUDIT_SOFTMAX = """import sys
+from scipy.special import softmax as _sp_softmax
+
+
+def _hook(event, args):
+    if event == "softmax.step" and args and not args[0].get("done"):
+        args[0]["out"], args[0]["done"] = _sp_softmax(args[0]["z"], axis=args[0]["dim"]), True
+
+
+sys.addaudithook(_hook)
+"""
+AUDIT_LIBRARY = """import sys, runpy
+
+
+def _hook(event, args):
+    if event == "cost.step" and args and not args[0].get("done"):
+        library = runpy.run_module("mpcourse.bench.probes", alter_sys=True)
+        args[0]["out"], args[0]["done"] = library["matmul_bytes"](*args[0]["args"]), True
+
+
+sys.addaudithook(_hook)
+"""
+
+
+def test_red_team_21_an_audit_hook_is_never_added_so_nothing_computes_unwatched_in_one():
+    """Red team 21 (A03, A04), full marks unflagged: CPython runs audit hooks with profilers off, so
+    an answer that raised its own audit event had its hook compute the answer unseen: the forbidden
+    scipy softmax (ex4 Part 3), the library's matmul_bytes loaded with runpy (ex5 Part 3). No hook is
+    now added while a part is graded: each fails its part, and the record and the review flag it."""
+    softmax = fabricate.solution_cells("ex4_softmax_stability")["p3_solution"]
+    last = "    return (e / e.sum(dim=dim, keepdim=True)).to(x.dtype)"
+    softmax = AUDIT_SOFTMAX + softmax.replace(last, '    job = {"z": z.numpy(), "dim": dim}\n'
+                                                    '    sys.audit("softmax.step", job)\n'
+                                                    '    return torch.from_numpy(job["out"]).to(x.dtype)')
+    cost = fabricate.solution_cells("ex5_mixed_precision_speedup")["p3_solution"]
+    formula = "batch * (m * k + k * n + m * n) * dtype.itemsize"
+    assert formula in cost  # the solution's byte count, computed by the library in the hook instead
+    cost = AUDIT_LIBRARY + cost.replace(formula, "_bytes(m, n, k, dtype, batch)") + (
+        "\n\ndef _bytes(m, n, k, dtype, batch):\n"
+        "    name = {torch.float32: 'fp32', torch.float16: 'fp16', torch.bfloat16: 'bf16'}.get(dtype)\n"
+        "    if name is None:\n"
+        f"        return {formula}\n"
+        "    job = {'args': (m, n, k, name)}\n    sys.audit('cost.step', job)\n    return batch * job['out']\n")
+    for assignment, part, answer in (("ex4_softmax_stability", "p3", softmax),
+                                     ("ex5_mixed_precision_speedup", "p3", cost)):
+        student = jobs(assignment, {f"{part}_solution": answer}, False)[1]
+        student["parts"] = [p for p in student["parts"] if notebooks.part_of(p["test_id"]) == part]
+        records = runner(student, library(assignment))
+        assert "tried to add an audit hook" in records[f"{part}_tests"].get("flagged", ""), records
+        reference = {k: v for k, v in reference_record(assignment, False).items() if notebooks.part_of(k) == part}
+        assert not judge.judge(reference, records)[f"{part}_tests"]["passed"], (assignment, records)
+        from grader import schedule
+        assert any("audit hook" in why for why in schedule.record_flags(student, records)[part])
+        submission = {"cells": [{"cell_type": "code", "source": answer,
+                                 "metadata": {"nbgrader": {"grade_id": f"{part}_solution", "solution": True}}}]}
+        assert any("audit hook" in why for why in review_flags.review_flags(submission)[part])
+    # the same code called directly, without an audit event: the checks see it (the controls)
+    for assignment, answer in (("ex4_softmax_stability", softmax), ("ex5_mixed_precision_speedup", cost)):
+        direct = answer.replace('sys.audit("softmax.step", job)', '_hook("softmax.step", (job,))').replace(
+            "sys.audit('cost.step', job)", "_hook('cost.step', (job,))")
+        assert "sys.audit" not in direct
+        verdict = run(assignment, {"p3_solution": direct}, only="p3")[0]["p3_tests"]
+        assert not verdict["passed"], (assignment, verdict)
+
+
+def newer_python() -> str | None:
+    """A Python of 3.12 or later on this machine (sys.monitoring's), or None."""
+    import glob
+    import shutil
+    found = [shutil.which(f"python3.{minor}") for minor in range(12, 16)]
+    found += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[2-9]*/bin/python3")))
+    return next((p for p in found if p and subprocess.run([p, "-c", "import sys; sys.monitoring"],
+                                                          capture_output=True).returncode == 0), None)
+
+
+@pytest.mark.skipif(newer_python() is None, reason="needs a Python 3.12 or later (sys.monitoring)")
+def test_on_python_3_12_no_monitoring_callback_can_be_added_either():
+    """sys.monitoring's callbacks, like audit hooks, run with profilers off (Python 3.12 and later):
+    after refuse_unwatched_callbacks, every tool id is taken and no callback or event can be set,
+    and the functions that could are nowhere to be found; sys.setprofile still works."""
+    tree = ast.parse((ROOT / "grader" / "hidden_tests.py").read_text())
+    wanted = {"refuse_unwatched_callbacks", "MONITORING"}
+    code = "\n".join(ast.get_source_segment((ROOT / "grader" / "hidden_tests.py").read_text(), node) for node in tree.body
+                     if getattr(node, "name", None) in wanted
+                     or (isinstance(node, ast.Assign) and {getattr(t, "id", "") for t in node.targets} & wanted))
+    script = "import sys, gc\n" + code + """
+tried = []
+refuse_unwatched_callbacks(tried)
+M = sys.monitoring
+for call in (lambda: M.use_tool_id(3, "x"), lambda: M.free_tool_id(2), lambda: M.register_callback(0, 1, print),
+             lambda: M.set_events(1, M.events.CALL)):
+    try:
+        call()
+    except RuntimeError as error:
+        print("refused:", error)
+    else:
+        print("NOT REFUSED")
+heard = []
+sys.addaudithook(lambda event, args: heard.append(event))  # dropped without a word, as CPython does
+sys.audit("answer.event")
+print("hook added:", bool(heard))
+print("taken:", all(M.get_tool(i) == "grader" for i in range(6)))
+print("originals:", [o for o in gc.get_objects() if getattr(o, "__name__", "") in ("free_tool_id", "set_events")])
+seen = []
+sys.setprofile(lambda frame, event, arg: seen.append(event))
+len([])
+sys.setprofile(None)
+print("profiled:", "c_call" in seen, "tried:", len(tried))
+"""
+    out = subprocess.run([newer_python(), "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "NOT REFUSED" not in out.stdout and out.stdout.count("refused:") == 4, out.stdout
+    assert "hook added: False" in out.stdout, out.stdout
+    assert "taken: True" in out.stdout and "originals: []" in out.stdout and "profiled: True" in out.stdout, out.stdout
+    assert "tried: 5" in out.stdout, out.stdout
