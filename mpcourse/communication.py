@@ -705,8 +705,11 @@ def _throughput_worker(rank, world_size, messages, repeats):
     for buffer in buffers.values():
         dist.all_reduce(buffer)  # warm up the connections and buffers
     timings = {key: [] for key in buffers}
-    for _ in range(repeats):  # interleaved: every message once per round, under the same load
-        for key, buffer in buffers.items():
+    keys = list(buffers)
+    for round_ in range(repeats):  # interleaved: every message once per round, under the same load,
+        shift = round_ % len(keys)  # each round starting one message later, so that each takes every place
+        for key in keys[shift:] + keys[:shift]:
+            buffer = buffers[key]
             dist.barrier()
             start = time.perf_counter()
             dist.all_reduce(buffer)
@@ -720,9 +723,11 @@ def allreduce_throughput(world_size: int = 4, messages=((2**20, "fp32"), (2**20,
                          *, repeats: int = 15, backend=None) -> dict:
     """Seconds per all-reduce of each message ``(numel, wire)``, measured on rank 0, one call at a
     time: ``{(numel, wire): [seconds of each repeat]}``. The repeats are interleaved (one of each
-    message per round), so that a change in the machine's load hits every message alike; take
-    the median and the spread. On one machine with gloo this is loopback TCP through the CPU,
-    not a network: the numbers say what this machine does, not what a cluster link does."""
+    message per round), so that a change in the machine's load hits every message alike, and each
+    round starts one message later than the one before, so that over ``len(messages)`` rounds each
+    message runs once in every place of the round; take the median and the spread. On one
+    machine with gloo this is loopback TCP through the CPU, not a network: the numbers say what
+    this machine does, not what a cluster link does."""
     messages = tuple((int(numel), get_format(wire).name) for numel, wire in messages)
     for numel, wire in messages:
         _wire_dtype(wire)
