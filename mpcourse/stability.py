@@ -3,8 +3,9 @@
 Each one answers a failure that the chapter *Keeping large models stable in low precision*
 measures on the tiny transformer:
 
-- `z_loss` and `soft_cap`: keep the output logits (and their normaliser log Z) small, where
-  BF16's absolute rounding error is small (PaLM; Gemma 2);
+- `z_loss`: holds log Z, the log of the softmax's normaliser, near zero (PaLM), which keeps the
+  output logits from drifting to large values, where BF16's absolute rounding error is large;
+  `soft_cap`: bounds the logits' size (Gemma 2);
 - `StableAttention`: attention with optional QK-norm (a LayerNorm on queries and keys, per head,
   as in ViT-22B; OLMo 2 and Gemma 3 use RMSNorms, OLMo 2's over all heads together), built into
   the model from step 0; it records the largest attention logit;
