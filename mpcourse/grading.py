@@ -277,6 +277,11 @@ def _torch_name(frame) -> str:
 
 
 _OPERATOR = "(an operator: its name is read per call)"
+# Code whose file name or name is not plain text: only an answer makes such code (CodeType.replace
+# keeps a str subclass), and the watcher, reading it, would run the subclass's methods inside its own
+# callback, where CPython profiles and traces nothing (red team 22, A04: SciPy's softmax in ex4
+# Part 3, the library's matmul_bytes in ex5 Part 3, full marks, unflagged). Itself a forbidden call.
+_ODD_CODE = "(code of the answer's own making whose name or file name is not plain text)"
 # Where installed packages and the standard library live: their functions are not the answer's.
 _LIBRARY_DIRS = tuple(sorted({str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
                              - {"/"}))  # a Python installed at / would make every file a library's
@@ -294,6 +299,8 @@ def _watch_calls_into(directory: Path, excluded: Path, forbidden: frozenset[str]
     c_names: dict = {}
 
     def called(code) -> str | None:
+        if not all(type(text) is str for text in (code.co_filename, code.co_name, code.co_qualname)):
+            return _ODD_CODE  # read no further: a method of the answer's would run here, unwatched
         # by its real path: the directories above are resolved, and a course or a venv reached through
         # a symbolic link imports its files under the link's path (a symlinked venv hid scipy's softmax)
         filename = str(Path(code.co_filename).resolve()) if code.co_filename.startswith("/") else code.co_filename
@@ -309,7 +316,12 @@ def _watch_calls_into(directory: Path, excluded: Path, forbidden: frozenset[str]
     def profiler(frame, event, arg):
         if event == "call":
             code = frame.f_code
-            what = codes[code] if code in codes else codes.setdefault(code, called(code))
+            # by identity, the code object kept with its verdict (so that its id is not reused):
+            # hashing a code object hashes its names and constants, objects an answer can make
+            known = codes.get(id(code))
+            if known is None or known[0] is not code:
+                known = codes[id(code)] = (code, called(code))
+            what = known[1]
             if what is _OPERATOR:  # an operator's __call__: the operator's name, not the function's
                 if _is_forbidden(name := _torch_name(frame), forbidden):
                     calls.append(f"torch {name}")

@@ -1445,3 +1445,59 @@ print("profiled:", "c_call" in seen, "tried:", len(tried))
     assert "hook added: False" in out.stdout, out.stdout
     assert "taken: True" in out.stdout and "originals: []" in out.stdout and "profiled: True" in out.stdout, out.stdout
     assert "tried: 5" in out.stdout, out.stdout
+
+
+UNSEEN = '''
+class _Path(str):
+    job = None
+
+    def startswith(self, *args):
+        if _Path.job is not None and "out" not in _Path.job:
+            _Path.job["out"] = _Path.job["fn"]()
+        return False
+
+
+def _probe():
+    yield None
+
+
+_count = [0]
+
+
+def _unseen(fn):
+    _Path.job = job = {"fn": fn}
+    _count[0] += 1  # a new code object each call (an equal one was looked up, not read again)
+    code = _probe().gi_code.replace(co_filename=_Path("<cell>"), co_firstlineno=1000 + _count[0])
+    for _ in type(_probe)(code, {})():
+        pass
+    _Path.job = None
+    return job["out"] if "out" in job else fn()
+'''
+
+
+def test_red_team_22_no_method_of_the_answers_runs_inside_the_watchers_callback():
+    """Red team 22 (A04), full marks unflagged: the own-work watcher read a code object's file name
+    with `startswith`, and CodeType.replace keeps a str subclass there, so the answer's own
+    `startswith` ran inside the profiler's callback, where nothing is profiled: SciPy's softmax in
+    ex4 Part 3 (forbidden), the library's matmul_bytes, imported by pickle, in ex5 Part 3. Such code
+    is now itself a forbidden call, and no name or constant of a code object is hashed."""
+    softmax = fabricate.solution_cells("ex4_softmax_stability")["p3_solution"]
+    head = softmax.split("    z = x.to(")[0]
+    softmax = "import scipy.special\n" + UNSEEN + "\n\n" + head + (
+        "    return _unseen(lambda: torch.from_numpy(scipy.special.softmax(x.double().numpy(), axis=dim)).to(x.dtype))\n")
+    cost = fabricate.solution_cells("ex5_mixed_precision_speedup")["p3_solution"]
+    formula = "batch * (m * k + k * n + m * n) * dtype.itemsize"
+    cost = "import pickle\n" + UNSEEN + cost.replace(formula, "_bytes(m, n, k, dtype, batch)") + (
+        "\n\ndef _bytes(m, n, k, dtype, batch):\n"
+        "    name = {torch.float32: 'fp32', torch.float16: 'fp16', torch.bfloat16: 'bf16'}.get(dtype)\n"
+        "    if name is None:\n"
+        f"        return {formula}\n"
+        "    return batch * _unseen(lambda: pickle.loads(b'cmpcourse.bench.probes\\nmatmul_bytes\\n.')(m, n, k, name))\n")
+    for assignment, answer in (("ex4_softmax_stability", softmax), ("ex5_mixed_precision_speedup", cost)):
+        verdict = run(assignment, {"p3_solution": answer}, only="p3")[0]["p3_tests"]
+        assert not verdict["passed"] and "not plain text" in verdict["message"], (assignment, verdict)
+    # the same functions without the odd file name: the watcher sees the calls (the controls)
+    for assignment, answer in (("ex4_softmax_stability", softmax), ("ex5_mixed_precision_speedup", cost)):
+        plain = answer.replace('co_filename=_Path("<cell>"), ', "")
+        verdict = run(assignment, {"p3_solution": plain}, only="p3")[0]["p3_tests"]
+        assert not verdict["passed"] and "not plain text" not in verdict["message"], (assignment, verdict)
