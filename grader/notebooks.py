@@ -100,10 +100,22 @@ def logical_starts(lines: list[str]) -> list[bool]:
     return starts
 
 
+# Cell magics whose body IPython runs as Python in the kernel: for every other one (`%%script false`,
+# `%%bash`, `%%writefile`, `%%html`, ...) the body is not Python run there, and the cell runs as a
+# comment (red team 22, A05: an old answer kept in a `%%script false` cell, which Jupyter skips, was
+# run by the grader and replaced the right one: that part 0, unexplained).
+PYTHON_CELL_MAGICS = {"time", "timeit", "capture", "prun", "debug"}
+
+
 def without_magics(source: str) -> str:
     """A cell as plain Python: IPython's %magics, !shell and help (`name?`) lines, and assignments
     from them, at the start of a logical line, become `pass` with the line as a comment (the block
-    they stand in stays a block; a name assigned is then undefined: a try-out's result)."""
+    they stand in stays a block; a name assigned is then undefined: a try-out's result). A cell
+    whose cell magic does not run its body as Python is a comment throughout."""
+    first = source.lstrip("\n").split("\n", 1)[0]
+    if first.startswith("%%") and first[2:].split(maxsplit=1)[:1] != [] and \
+            first[2:].split(maxsplit=1)[0] not in PYTHON_CELL_MAGICS:
+        return "\n".join(f"# (not run by the grader) {line}" for line in source.split("\n"))
     lines, out, previous = source.split("\n"), [], ""
     for line, start in zip(lines, logical_starts(lines)):
         if start and ipython_line(line):

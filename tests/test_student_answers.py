@@ -1501,3 +1501,18 @@ def test_red_team_22_no_method_of_the_answers_runs_inside_the_watchers_callback(
         plain = answer.replace('co_filename=_Path("<cell>"), ', "")
         verdict = run(assignment, {"p3_solution": plain}, only="p3")[0]["p3_tests"]
         assert not verdict["passed"] and "not plain text" not in verdict["message"], (assignment, verdict)
+
+
+def test_a_cell_whose_magic_jupyter_does_not_run_as_python_is_not_run_by_the_grader_either():
+    """Red team 22 (A05), an honest 7 of 10: an old answer kept in a `%%script false` cell (which
+    Jupyter skips) between Part 3's answer and its test was run as Python by the grader and replaced
+    the right answer. Cells under %%script, %%bash, %%writefile, %%html, ... now run as comments;
+    %%time and %%capture cells still run their Python."""
+    solution = fabricate.solution_cells("ex4_softmax_stability")
+    old = "def stable_softmax(x, dim=-1):\n    return torch.exp(x) / torch.exp(x).sum(dim=dim, keepdim=True)\n"
+    for magic in ("%%script false --no-raise-error", "%%bash", "%%writefile old_attempt.py", "%%html"):
+        submission = with_cells("ex4_softmax_stability", {}, [("after", "p3_solution", f"{magic}\n{old}")])
+        assert all(v["passed"] for v in hidden_verdicts("ex4_softmax_stability", submission).values()), magic
+    timed = with_cells("ex4_softmax_stability", {"p3_solution": ""}, [("after", "p3_solution", "%%time\n" + solution["p3_solution"])])
+    assert hidden_verdicts("ex4_softmax_stability", timed)["p3_tests"]["passed"]
+    assert notebooks.without_magics("%%capture out\nx = 1\n") == "# (not run by the grader) %%capture out\nx = 1\n"
