@@ -49,7 +49,36 @@ def db_url(course: Path, url: str | None = None) -> str:
     url = url or "sqlite:///gradebook.db"
     if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
         url = f"sqlite:///{course / url.removeprefix('sqlite:///')}"
+    if url.startswith("postgresql"):
+        refuse_text_not_utf8(url)
     return url
+
+
+CHECKED_ENCODING: set = set()  # the PostgreSQL addresses whose encoding this process has read
+
+
+def refuse_text_not_utf8(url: str) -> None:
+    """ValueError, in a sentence, for a PostgreSQL database that stores text other than as UTF-8:
+    initdb on a machine with no locale (a container) makes SQL_ASCII ones, whose text comes back as
+    bytes, and SQLAlchemy's first connection failed with a TypeError traceback before anyone was
+    graded (red team 22, A02). A server that cannot be reached is left to the caller's message."""
+    if url in CHECKED_ENCODING:
+        return
+    import psycopg
+    from sqlalchemy.engine import make_url
+    address = make_url(url)
+    try:
+        with psycopg.connect(host=address.host, port=address.port, user=address.username, password=address.password,
+                             dbname=address.database, connect_timeout=10) as connection:
+            encoding = connection.execute("SHOW server_encoding").fetchone()[0]
+    except psycopg.Error:
+        return
+    encoding = encoding.decode(errors="replace") if isinstance(encoding, bytes) else str(encoding)
+    if encoding.upper() not in ("UTF8", "UTF-8"):
+        raise ValueError(f"the PostgreSQL database {without_password(url)} stores text as {encoding}, and the grader "
+                         f"needs UTF8 (students' names, messages): make it with createdb --encoding=UTF8 --locale=C "
+                         "--template=template0 (instructor guide, 'Several machines')")
+    CHECKED_ENCODING.add(url)
 
 
 def without_password(url: str) -> str:

@@ -76,12 +76,12 @@ class Server:
                        "-w", "-t", "60", "start")
         return self
 
-    def database(self, name: str) -> str:
-        """A new, empty database; its SQLAlchemy address."""
+    def database(self, name: str, options: str = "") -> str:
+        """A new, empty database (`options`: CREATE DATABASE's, e.g. an encoding); its SQLAlchemy address."""
         import psycopg
         with psycopg.connect(host="127.0.0.1", port=self.port, user=self.user, dbname="postgres",
                              autocommit=True) as connection:
-            connection.execute(f'CREATE DATABASE "{name}"')
+            connection.execute(f'CREATE DATABASE "{name}" {options}')
         return f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/{name}"
 
     def __exit__(self, *exc):

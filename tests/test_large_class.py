@@ -359,6 +359,12 @@ def graded_in(url: str, students) -> set:
 def test_two_shards_meet_in_postgresql_and_a_killed_one_reruns_without_duplicates(serial):
     course, expected_scores = serial
     with postgres.Server() as server:
+        # a database that stores text as SQL_ASCII (initdb with no locale): refused in a sentence (red team 22, A02)
+        ascii_url = server.database("ascii_gradebook", "ENCODING 'SQL_ASCII' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'")
+        for command in ("prepare", "grade", "results"):
+            said = cli(command, ASSIGNMENT, "--course", str(course), "--db-url", ascii_url, check=False)
+            assert said.returncode != 0 and "Traceback" not in said.stderr, said.stderr[-3000:]
+            assert "stores text as SQL_ASCII" in said.stderr and "--encoding=UTF8" in said.stderr, said.stderr[-3000:]
         url = server.database("gradebook")
         refused = cli("grade", ASSIGNMENT, "--course", str(course), "--db-url", url, "--shard", "1/2", check=False)
         assert refused.returncode != 0 and "prepare" in refused.stderr and "Traceback" not in refused.stderr
