@@ -12,7 +12,13 @@ STAMP  := $(VENV)/.installed
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	# --no-compile, then compileall on every core: pip byte-compiles each module one after another,
+	# most of the set-up's time (measured: 71 of 89 s; compileall -j 2 did the same in 16 s). Every
+	# module gets its .pyc as before: the grader's sandboxes, and PYTHONDONTWRITEBYTECODE, write none.
+	# As with pip's, a file that does not compile is left (torch ships one in Python 3.12's syntax).
+	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q -j 0 \
+		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || true
 	# rfc3987-syntax (jsonschema's optional "iri" format check, pulled in by jupyter-events) builds a
 	# parser when imported: 1.4 s of CPU in every process that imports nbformat (each notebook run of
 	# the grader, each nbgrader command), and no schema here checks that format (issue 52).
