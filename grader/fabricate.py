@@ -160,8 +160,8 @@ def hostile_corpus(assignment: str) -> dict[str, dict]:
     corpus["symlink_swap"] = {**full, last[-1]: full[last[-1]] + SWAP}
     corpus["busy_processes"] = {**full, **{gid: BUSY for gid in last}}
     corpus["fills_ram_and_disk"] = {**full, **{gid: FILLS for gid in last}}
-    corpus["many_looping_cells"] = edit(full, lambda nb: nb.cells.extend(
-        nbformat.v4.new_code_cell("while True:\n    pass") for _ in range(24)))
+    corpus["many_looping_cells"] = edit(full, lambda nb: nb.cells.extend(  # loops that wait: the run's limit, not the CPU's
+        nbformat.v4.new_code_cell("import time\nwhile True:\n    time.sleep(1)") for _ in range(24)))
     corpus["huge_outputs"] = edit(full, lambda nb: nb.cells.extend(nbformat.v4.new_code_cell(HUGE_OUTPUT) for _ in range(22)))
     corpus["entity_links"] = edit(full, lambda nb: nb.cells.insert(1, nbformat.v4.new_markdown_cell(ENTITY_LINKS)))
     corpus["symlinked_submission"] = {"__link__": f"../../../solutions/{assignment}/{assignment}.ipynb"}
