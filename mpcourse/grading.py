@@ -299,7 +299,7 @@ def _watch_calls_into(directory: Path, excluded: Path, forbidden: frozenset[str]
     c_names: dict = {}
 
     def called(code) -> str | None:
-        if not all(type(text) is str for text in (code.co_filename, code.co_name, code.co_qualname)):
+        if not (type(code.co_filename) is str and type(code.co_name) is str):  # the two read below
             return _ODD_CODE  # read no further: a method of the answer's would run here, unwatched
         # by its real path: the directories above are resolved, and a course or a venv reached through
         # a symbolic link imports its files under the link's path (a symlinked venv hid scipy's softmax)
