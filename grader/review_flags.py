@@ -49,6 +49,8 @@ def not_parsed(text: str) -> str | None:
 # Code CPython runs with profilers and tracers off (an audit hook's; a sys.monitoring callback's):
 # unseen by the own-work check and the Python side of the check of forbidden calls.
 UNWATCHED_BY_PROFILERS = "runs unseen by the own-work check (the grader adds none while a part is graded)"
+# A finalizer runs wherever the garbage collector frees its object (red team 23, A01).
+FINALIZER = "defines a finalizer (`__del__`, `weakref.finalize`), which runs wherever its object is freed"
 # What an answer needs no part of: reaching into the runner, the system or the libraries. Each is
 # a reason for the instructor to read the answer (a flag, not a verdict: the grade stands).
 SUSPECT_CALLS = {
@@ -70,6 +72,8 @@ SUSPECT_CALLS = {
     "run_module": "runs a module by name", "run_path": "runs a module from a file",
     # code CPython runs with profilers off (red team 21, A03, A04; refused by grader/hidden_tests.py)
     "addaudithook": f"adds an audit hook, whose code {UNWATCHED_BY_PROFILERS}",
+    # red team 23, A01: a finalizer that asked logging where it ran, and computed only inside a watcher
+    "findCaller": "reads the call stack", "finalize": FINALIZER,
 }
 # Calls that import a module named by their first argument: a name built at run time hides which
 # (red team 45g, A02b: `pkgutil.resolve_name("mpcourse" + ".formats:...")`).
@@ -133,7 +137,9 @@ ATTRIBUTE_CALLS = {"getattr", "setattr", "delattr", "hasattr"}
 UNMISTAKABLE = {"getprofile", "gettrace", "setprofile", "settrace", "currentframe", "CompilationUnit", "CodeType",
                 "addaudithook",
                 "FunctionType", "get_referrers", "get_objects"}
-FOLDED_CHARS = 10_000  # the longest text put together (a cell's own text is bounded by PARSED_CHARS)
+# The longest text put together: any text made of a cell's literals is at most the cell's own length
+# (PARSED_CHARS), and is read whole (a shorter cut let 10,000 characters of padding hide a name).
+FOLDED_CHARS = PARSED_CHARS
 SUSPECT_TEXT = {"/proc": "reads /proc", "/dev/fd": "reads file descriptors", "/sys": "reads /sys",
                 "gradebook": "mentions the gradebook", ".db": "mentions a database file", "sqlite": "opens databases",
                 "hidden_tests": "mentions the hidden-test runner", "RESULT": "mentions the runner's result line",
@@ -201,8 +207,8 @@ def folded(node) -> str | None:
         if isinstance(n, ast.Constant) and isinstance(n.value, str):
             return n.value
         if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
-            left, right = text(n.left, depth + 1), text(n.right, depth + 1)
-            return None if left is None or right is None or len(left) + len(right) > FOLDED_CHARS else left + right
+            pieces = [text(operand, depth + 1) for operand in added(n)]
+            return None if None in pieces else "".join(pieces)
         if isinstance(n, ast.JoinedStr):
             parts = [text(v.value if isinstance(v, ast.FormattedValue) else v, depth + 1) for v in n.values]
             return None if None in parts else "".join(parts)[:FOLDED_CHARS]
@@ -214,6 +220,34 @@ def folded(node) -> str | None:
     if isinstance(node, ast.Constant) or not isinstance(node, (ast.BinOp, ast.JoinedStr, ast.Call)):
         return None
     return text(node)
+
+
+def added(node) -> list:
+    """The operands of a sum `a + b + c + ...` in order, however deeply it nests: flattened without
+    recursion (red team 23, A08: 55 empty strings in front of "get" + "pro" + "file" took the sum past
+    the depth the folding read, and the name went unflagged)."""
+    operands, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
+            stack += [n.right, n.left]
+        else:
+            operands.append(n)
+    return operands
+
+
+def literal_runs(node) -> list[str]:
+    """The texts that consecutive literal pieces of the sum `node` put together ("get" + "profile" in
+    `x + "get" + "profile"`): what folding the whole sum, which reads a variable, would miss."""
+    runs, run = [], []
+    for operand in added(node):
+        piece = folded(operand) if not isinstance(operand, ast.Constant) else (
+            operand.value if isinstance(operand.value, str) else None)
+        if piece is None:
+            runs, run = runs + ["".join(run)] * (len(run) > 1), []
+        else:
+            run.append(piece)
+    return runs + ["".join(run)] * (len(run) > 1)
 
 
 def module_base(node) -> bool:
@@ -311,6 +345,8 @@ def review_flags(submission: dict, source: dict | None = None) -> dict[str, list
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             found.add(not_parsed(text) or "cannot be parsed")
             tree = ast.Module(body=[], type_ignores=[])
+        inside_sums = {id(part) for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add)
+                       for part in (n.left, n.right)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
                 called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
@@ -331,14 +367,19 @@ def review_flags(submission: dict, source: dict | None = None) -> dict[str, list
                     found |= module_flags(first.value) if named else {"imports a module whose name is built at run time"}
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 found |= name_flags(node.value, unmistakable=True)  # k = "getprofile"; getattr(sys, k)
-            pieces = folded(node)
-            if pieces is not None:  # "get" + "profile": text put together from pieces, read as written
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):  # each sum once, whole, not each part of it
+                texts = literal_runs(node) if id(node) not in inside_sums else []
+            else:
+                texts = [t] if (t := folded(node)) is not None else []
+            for pieces in texts:  # "get" + "profile": text put together from pieces, read as written
                 found |= name_flags(pieces) | {why for needle, why in SUSPECT_TEXT.items() if needle in pieces}
             for module in imported(node):
                 found |= module_flags(module)
             found |= class_flags(node)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in ("__getattribute__", "__getattr__"):
                 found.add(LOOKUP)  # a class's attribute look-up of its own (red team 16d, A)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "__del__":
+                found.add(FINALIZER)
             if isinstance(node, ast.Attribute) and node.attr == "modules" and library_of(node.value) == "sys":
                 found.add("looks modules up in sys.modules (the course library's among them)")
             name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None

@@ -43,6 +43,7 @@ import hashlib
 import inspect
 import math
 import contextlib
+import gc
 import sys
 import threading
 import types
@@ -86,6 +87,13 @@ _GUARDED = {
 # As imported, before any student code: a name replaced later changes nothing here (red team 16f).
 _current_dispatch_mode = _get_current_dispatch_mode
 _PROFILING = (sys.setprofile, sys.settrace, sys.getprofile, sys.gettrace, threading.setprofile)
+# The garbage collector's switches, as imported: while the watchers are on, the collector is off, so
+# that no finalizer (`__del__`, `weakref.finalize`) of the answer's runs inside a watcher's callback,
+# where CPython profiles nothing: the callbacks allocate, and an allocation may start a collection
+# (red team 23, A01, A05, A06: SciPy's softmax, torch.softmax and the library's matmul_bytes computed
+# in a `__del__` there, full marks, unflagged). A collection the answer starts itself runs its
+# finalizers where the watchers see them.
+_COLLECTOR = (gc.enable, gc.disable, gc.isenabled)
 _ORIGINALS = {(owner, name): getattr(owner, name) for owner, names in _GUARDED.items()
               for name in names}
 _MODULES = (np, torch, sys, math)  # as imported, before any student code
@@ -341,8 +349,14 @@ def _watch_calls_into(directory: Path, excluded: Path, forbidden: frozenset[str]
     def refuse(*args):
         calls.append("(the grader's call watcher was switched off)")
 
+    def refuse_collector(*args):
+        calls.append("(the garbage collector was switched on while the grader watched)")
+
     setprofile, settrace, getprofile, gettrace, threads_setprofile = _PROFILING  # as imported (red team 16f)
-    saved = (getprofile(), gettrace(), sys.setprofile, sys.settrace)
+    gc_enable, gc_disable, gc_isenabled = _COLLECTOR
+    saved = (getprofile(), gettrace(), sys.setprofile, sys.settrace, gc_isenabled(), gc.enable)
+    gc_disable()
+    gc.enable = refuse_collector
     setprofile(profiler)
     settrace(tracer)
     threads_setprofile(profiler)
@@ -355,6 +369,11 @@ def _watch_calls_into(directory: Path, excluded: Path, forbidden: frozenset[str]
         setprofile(saved[0])
         settrace(saved[1])
         threads_setprofile(None)
+        gc.enable = saved[5]
+        if gc_isenabled():  # switched on by the original, found some other way
+            calls.append("(the garbage collector was switched on while the grader watched)")
+        if saved[4]:
+            gc_enable()
         if not still_ours:
             calls.append("(the grader's call watcher was switched off)")
 

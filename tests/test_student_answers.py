@@ -1516,3 +1516,67 @@ def test_a_cell_whose_magic_jupyter_does_not_run_as_python_is_not_run_by_the_gra
     timed = with_cells("ex4_softmax_stability", {"p3_solution": ""}, [("after", "p3_solution", "%%time\n" + solution["p3_solution"])])
     assert hidden_verdicts("ex4_softmax_stability", timed)["p3_tests"]["passed"]
     assert notebooks.without_magics("%%capture out\nx = 1\n") == "# (not run by the grader) %%capture out\nx = 1\n"
+
+
+FINALIZER = '''
+import logging
+_log = logging.getLogger("mine")
+_state = {"job": None, "out": None, "bin": False}
+
+
+class _Bin:
+    def __init__(self):
+        self.me = self  # a cycle: only the garbage collector frees it
+        _state["bin"] = True
+
+    def __del__(self):
+        _state["bin"] = False
+        if _state["job"] is not None and _state["out"] is None:
+            where = [_log.findCaller(False, level) for level in range(1, 13)]
+            if any(w[0].endswith("grading.py") or w[2] == "__torch_dispatch__" for w in where):
+                _state["out"] = _state["job"]()
+'''
+DEFS = "".join(f"def _f{i}(): pass\n" for i in range(3000))
+
+
+def test_red_team_23_no_finalizer_of_the_answers_runs_inside_a_watchers_callback():
+    """Red team 23 (A01, A05), full marks unflagged: a cyclic object's `__del__`, run by a collection
+    that an allocation inside the profiler's callback (3000 functions it had not seen) or the
+    dispatch watcher's handler (a loop of torch.add) started, computed SciPy's softmax or
+    torch.softmax there, unseen. The collector is now off while the watchers are on."""
+    solution = fabricate.solution_cells("ex4_softmax_stability")["p3_solution"]
+    head = solution.split("    z = x.to(")[0]
+    wrong = "    e = torch.exp(x)\n    return e / e.sum(dim=dim, keepdim=True)  # overflows: the part's tests fail it\n"
+    in_profiler = "import scipy.special\n" + DEFS + FINALIZER + "\n_FS = [globals()[f'_f{i}'] for i in range(3000)]\n\n\n" + \
+        head + ("    _state['job'], _state['out'] = (lambda: torch.from_numpy(scipy.special.softmax(x.double().numpy(), "
+                "axis=dim)).to(x.dtype)), None\n"
+                "    for f in _FS:\n        if not _state['bin']:\n            _Bin()\n        f()\n"
+                "        if _state['out'] is not None:\n            return _state['out']\n") + wrong
+    in_dispatch = FINALIZER + "\n\n" + head + (
+        "    _state['job'], _state['out'] = (lambda: next(map(torch.softmax, [x.double()], [dim])).to(x.dtype)), None\n"
+        "    t, keep = torch.zeros(1), []\n    for _ in range(20000):\n        if not _state['bin']:\n            _Bin()\n"
+        "        keep.append(torch.add(t, 1))\n        if _state['out'] is not None:\n            return _state['out']\n") + wrong
+    for name, answer in (("profiler", in_profiler), ("dispatch", in_dispatch)):
+        verdict = run("ex4_softmax_stability", {"p3_solution": answer}, only="p3")[0]["p3_tests"]
+        assert not verdict["passed"], (name, verdict)
+    switched = solution.replace("def stable_softmax(", "import gc\n\n\ndef stable_softmax(", 1).replace(
+        "    z = x.to(", "    gc.enable()\n    z = x.to(", 1)
+    verdict = run("ex4_softmax_stability", {"p3_solution": switched}, only="p3")[0]["p3_tests"]
+    assert not verdict["passed"] and "garbage collector was switched on" in verdict["message"], verdict
+
+
+def test_red_team_23_padding_or_a_finalizer_hides_nothing_from_the_review_flags():
+    """Red team 23 (A08): 55 empty strings in front of "get" + "pro" + "file" took the sum past the
+    depth the flags' folding read, and the known bypass that empties the own-work check's list went
+    unflagged (10 of 10); so did 10,000 characters of padding. A finalizer is flagged too (A01)."""
+    def flags(code):
+        return review_flags.review_flags({"cells": [{"cell_type": "code", "source": code, "metadata": {
+            "nbgrader": {"grade_id": "p3_solution", "solution": True}}}]}).get("p3", [])
+    padded = '""+' * 55 + '"get"+"pro"+"file"'
+    for code in (f"import sys\n_m = [sys]\n_w = getattr(_m[0], {padded})()\n",
+                 'import sys\n_m = [sys]\n_w = getattr(_m[0], "' + "x" * 10_001 + '" + "getprofile")()\n',
+                 'import sys\n_m = [sys]\n_k = _m[0]\n_w = getattr(_k, _k.__name__ + "get" + "profile")()\n'):
+        assert any("profilers" in why for why in flags(code)), code[:80]
+    assert any("finalizer" in why for why in flags("class _Bin:\n    def __del__(self):\n        pass\n"))
+    assert any("finalizer" in why for why in flags("import weakref\nweakref.finalize(object(), print)\n"))
+    assert flags(fabricate.solution_cells("ex4_softmax_stability")["p3_solution"]) == []
