@@ -309,7 +309,9 @@ def released_statements(source: dict) -> set[str]:
     for cell in source["cells"]:
         if released_example(cell):
             try:
-                found |= {ast.dump(node) for node in ast.parse(without_magics(source_text(cell))).body}
+                with PARSING:  # as every parse of the grader's (red team 23, A11: a parse outside the lock, beside
+                    body = ast.parse(without_magics(source_text(cell))).body  # another, raised SystemError)
+                found |= {ast.dump(node) for node in body}
             except (SyntaxError, ValueError, RecursionError, MemoryError):
                 pass
     return found
