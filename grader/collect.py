@@ -211,6 +211,8 @@ def latest_uploads(folder: Path, parse, assignment: str | None = None,
     assignment = assignment or folder.parent.name
     uploads = {}
     for path in folder.rglob("*.ipynb"):
+        if path.is_dir():  # a folder named as a notebook (red team 23, A12): the notebooks in it count, not it
+            continue
         relative = path.relative_to(folder)
         theirs = parse(relative)
         if theirs and "claims" not in theirs and "ambiguous" not in theirs:

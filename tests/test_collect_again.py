@@ -515,3 +515,15 @@ def test_a_name_holding_a_newline_forges_no_line_of_collects(tmp_path):
     assert not [line for line in lines if line.startswith(("LATE:", "bobbob_1002: skipped q"))], said
     assert f"bobbob_1002: skipped bobbob_1002_3005_Copy of {A}.ipynb" in said and "check it by hand" in said, said
     assert collected(course) == {"aaronmal_1001": "mallory", "bobbob_1002": "bob"}
+
+
+def test_a_folder_named_as_a_notebook_is_not_taken_for_one(tmp_path):
+    """Red team 23 (A12): a Moodle upload holding a folder named `<assignment>.ipynb` (with the
+    student's notebook in it) was ranked as one of their notebooks: collect said their notebook "with
+    work in it" was collected instead, and nothing of theirs was. The notebook in the folder is."""
+    course = fresh_course(tmp_path / "course")
+    said = run_collect(course, lms_zip(tmp_path / "moodle.zip", {
+        f"Mallory Doe_5501020_assignsubmission_file_/{A}.ipynb/{A}.ipynb": "mallory",
+        f"Bob Lee_5501021_assignsubmission_file_/{A}.ipynb": "bob"}), "moodle")
+    assert collected(course) == {"mallory_doe_5501020": "mallory", "bob_lee_5501021": "bob"}, said
+    assert "collected instead" not in said, said
