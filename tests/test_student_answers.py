@@ -1554,7 +1554,7 @@ def test_red_team_23_no_finalizer_of_the_answers_runs_inside_a_watchers_callback
                 "        if _state['out'] is not None:\n            return _state['out']\n") + wrong
     in_dispatch = FINALIZER + "\n\n" + head + (
         "    _state['job'], _state['out'] = (lambda: next(map(torch.softmax, [x.double()], [dim])).to(x.dtype)), None\n"
-        "    t, keep = torch.zeros(1), []\n    for _ in range(20000):\n        if not _state['bin']:\n            _Bin()\n"
+        "    t, keep = torch.zeros(1), []\n    for _ in range(3000):\n        if not _state['bin']:\n            _Bin()\n"
         "        keep.append(torch.add(t, 1))\n        if _state['out'] is not None:\n            return _state['out']\n") + wrong
     for name, answer in (("profiler", in_profiler), ("dispatch", in_dispatch)):
         verdict = run("ex4_softmax_stability", {"p3_solution": answer}, only="p3")[0]["p3_tests"]
