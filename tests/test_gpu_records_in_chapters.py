@@ -26,3 +26,27 @@ def test_every_result_a_chapter_shows_beside_is_one_it_records_under_its_own_ste
                                    f"recorded but never shown {sorted(recorded - shown)}")
         shown_anywhere += len(shown)
     assert shown_anywhere >= 8  # autocast, AMP step, resume, BF16 support, TF32, _scaled_mm, clocks, kernels
+
+
+def test_the_intros_fp8_accumulation_numbers_hold_for_the_committed_h200_run():
+    """intro.md types two numbers: the H200's default FP8 accumulation error (at most 2.2e-5 of the
+    products' summed magnitudes, more than a thousand times the FP32-sum emulation's) and the error
+    of rounding random normal inputs to E4M3 (about 6e-4 in the median element). Both are checked
+    here, so that a new record or a changed sentence fails the build rather than drift apart."""
+    import torch
+    root = Path(__file__).resolve().parent.parent
+    intro = " ".join((root / "book" / "intro.md").read_text().split())
+    assert "at most 2.2 × 10⁻⁵" in intro and "about 6 × 10⁻⁴ in the median element" in intro
+    rows = dict(json.loads((root / "mpcourse" / "data" / "gpu" / "nvidia-h200" / "06_fp8.json").read_text())
+                ["results"]["scaled_mm_accumulation"]["rows"])
+    default, emulated = float(rows["F.scaled_mm, use_fast_accum=False"]), float(rows["emulation (FP32 sums)"])
+    assert 2.1e-5 < default <= 2.2e-5 and default > 1000 * emulated
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(64, 4096, generator=generator, dtype=torch.float64)
+    b = torch.randn(4096, 64, generator=generator, dtype=torch.float64)
+
+    def e4m3(x):  # per-tensor scale to E4M3's largest value, torch's cast
+        scale = 448 / x.abs().amax()
+        return (x * scale).float().to(torch.float8_e4m3fn).double() / scale
+    error = ((e4m3(a) @ e4m3(b)) - a @ b).abs() / (a.abs() @ b.abs())
+    assert 5e-4 < error.median().item() < 7e-4 and default < error.median().item() / 10
