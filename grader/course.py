@@ -62,12 +62,15 @@ def make_course(course: Path, names: list[str]) -> None:
         generate_assignment(course, name)
 
 
-def generate_assignment(course: Path, assignment: str, db_url: str | None = None) -> None:
+def generate_assignment(course: Path, assignment: str, db_url: str | None = None,
+                        release_directory: str | None = None) -> None:
     """`nbgrader generate_assignment <assignment> --force` in `course`, in this process: nbgrader's own
     code (its API), with the course's nbgrader_config.py, without a second Python importing nbgrader
     and a third running `alembic heads` to stamp the new gradebook (`alembic_head`, once per process).
-    nbgrader changes the working directory while it converts (to `course`, then back): call it
-    before grading threads start. RuntimeError with nbgrader's log if it fails."""
+    `db_url`, `release_directory`: instead of the config's (a relative SQLite path in the config is
+    this process's folder's: pass the course's, gradebook.db_url). nbgrader changes the working
+    directory while it converts (to `course`, then back): call it before grading threads start.
+    RuntimeError with nbgrader's log if it fails."""
     from unittest import mock
 
     import nbgrader.api
@@ -77,6 +80,8 @@ def generate_assignment(course: Path, assignment: str, db_url: str | None = None
     config.CourseDirectory.root = str(course)
     if db_url:  # else the course's nbgrader_config.py's (a relative SQLite path is this process's folder's)
         config.CourseDirectory.db_url = db_url
+    if release_directory:
+        config.CourseDirectory.release_directory = release_directory
     with GENERATING, mock.patch.object(nbgrader.api, "get_alembic_version", alembic_head):
         result = NbGraderAPI(config=config).generate_assignment(assignment, force=True)
     if not result["success"]:

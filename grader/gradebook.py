@@ -27,7 +27,7 @@ import time
 import warnings
 from pathlib import Path
 
-from grader.course import ENV, nbgrader, nbgrader_command
+from grader.course import generate_assignment, nbgrader
 from grader.feedback import feedback_notebook, safe_message
 from grader.notebooks import grade_id, read_submission, stopped_at, submission_files, uploaded_as, write_private
 from grader.report import shortened
@@ -87,12 +87,6 @@ def without_password(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def nbgrader_in(course: Path, *args: str, url: str | None = None) -> subprocess.CompletedProcess:
-    """An nbgrader command in `course`, on the gradebook at `url` (else the course's own)."""
-    extra = [f"--CourseDirectory.db_url={url}"] if url else []
-    return subprocess.run(nbgrader_command(*args, *extra), cwd=course, env=ENV, capture_output=True, text=True)
-
-
 def registered(course: Path, assignment: str, url: str | None = None) -> bool:
     """Whether the course's gradebook knows `assignment` (grades can be written for it)."""
     from nbgrader.api import Gradebook, MissingEntry
@@ -117,13 +111,18 @@ def registered(course: Path, assignment: str, url: str | None = None) -> bool:
 def register(course: Path, assignment: str, url: str | None = None) -> None:
     """Put `assignment` (its notebook, points and cells) in the course's gradebook as `nbgrader
     generate_assignment` does, without touching exercises/ (the release goes to a scratch folder):
-    `make exercises` registers nothing, it uses a scratch gradebook."""
+    `make exercises` registers nothing, it uses a scratch gradebook. nbgrader's code runs in this
+    process (grader/course.py, generate_assignment): a command of its own cost 2 s of CPU, half of
+    them in the `alembic heads` that nbgrader starts to stamp a new gradebook (issue 52)."""
     with tempfile.TemporaryDirectory(prefix="registration-") as scratch:
-        result = nbgrader_in(course, "generate_assignment", assignment, "--force",
-                             f"--CourseDirectory.release_directory={scratch}", url=url)
-    if result.returncode != 0 or not registered(course, assignment, url):
+        try:
+            generate_assignment(course, assignment, db_url(course, url), release_directory=scratch)
+            said = ""
+        except RuntimeError as error:
+            said = str(error)
+    if said or not registered(course, assignment, url):
         raise RuntimeError(f"could not register {assignment} in {without_password(db_url(course, url))}: nbgrader said\n"
-                           f"{result.stdout[-1500:]}{result.stderr[-1500:]}\nFix that, then run, in {course}:\n"
+                           f"{said[-3000:]}\nFix that, then run, in {course}:\n"
                            f"  nbgrader generate_assignment {assignment} --force "
                            f"--CourseDirectory.release_directory=/tmp/{assignment}-release")
 

@@ -15,9 +15,12 @@ The order of the run (pytest-xdist hands out whole files in the order they come,
 sandboxed gradings (`GRADINGS`, the longest modules: next to each other, so on two workers), then
 the modules whose tests take longest (`LONG`, slowest first: grading runs, PostgreSQL servers,
 LMS downloads; as the last of them they kept one worker busy for a minute while the other had
-nothing left, 2026-11-30), then the other test modules, the largest first (as pytest-xdist would
-order them), and the tests that need the built book last. So the book is built while the test modules run, and a worker that
-waits for it waits only for notebooks running on other workers.
+nothing left, 2026-11-30) and after them the tests that need the built book (`BOOK_TESTS`: the
+browser's take half a minute; as the very last module they kept one worker busy while the other
+had nothing left, 2026-12-01), then the other test modules, the largest first (as pytest-xdist
+would order them): the many short ones end the run, on both workers alike. The book is built
+while the gradings and the long modules run (it starts when the last notebook is done, minutes
+before), and a worker that waits for it waits only for notebooks running on other workers.
 """
 import os
 import subprocess
@@ -48,16 +51,15 @@ def is_book_notebook(item) -> bool:
 
 
 def pytest_collection_modifyitems(items):
-    """Notebooks first, then the gradings, the book's tests last, the largest test modules first in between."""
+    """Notebooks first, then the gradings, the long modules and the book's tests, then the rest, largest first."""
     sizes: dict = {}
     for item in items:
         sizes[item.path] = sizes.get(item.path, 0) + 1
 
     def order(item):
         name = item.path.name
-        group = (0 if is_book_notebook(item) else 1 if name in GRADINGS else 2 if name in LONG
-                 else 4 if name in BOOK_TESTS else 3)
-        return group, -sizes[item.path] if group == 3 else LONG.index(name) if group == 2 else 0, str(item.path)
+        group = (0 if is_book_notebook(item) else 1 if name in GRADINGS else 2 if name in LONG + BOOK_TESTS else 3)
+        return group, -sizes[item.path] if group == 3 else (LONG + BOOK_TESTS).index(name) if group == 2 else 0, str(item.path)
 
     items.sort(key=order)  # stable: a file's tests keep their order
 
