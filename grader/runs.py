@@ -405,6 +405,11 @@ def feedback_limits(timeout: int) -> "sandboxing.Limits":
 NOTEBOOK_FIGURES = {"MPLBACKEND": "module://matplotlib_inline.backend_inline"}
 
 
+# Why a run ended when one of its processes was found stopped (sandbox.stopped_in): the answer
+# stopped a process of the grader's, or its own; the run ends there, not at its limit (red team 24).
+SUSPENDED = "was ended: a process of its run was stopped (SIGSTOP), which no honest notebook does"
+
+
 def run_feedback(folder: Path, template: Path, notebook: dict, assignment: str, timeout: int,
                  sandbox: bool) -> tuple[dict | None, str | None]:
     """(the notebook as run, None) from `nbgrader autograde` of `notebook` against the release
@@ -419,6 +424,7 @@ def run_feedback(folder: Path, template: Path, notebook: dict, assignment: str, 
         return parse_notebook(run.result), None  # data from the pipe, never a file it could replace
     except ValueError:
         return None, (f"ran past the {feedback_seconds(timeout)} s allowed for the whole notebook" if run.killed == "time"
+                      else SUSPENDED if run.killed == "suspended"
                       else "used more than its CPU time" if run.killed else f"failed ({run.stderr[-300:]})")
 
 
@@ -447,7 +453,8 @@ def run_hidden_tests(folder: Path, job: dict, sandbox: bool, timeout: int,
                         limits=hidden_test_limits(parts, timeout), sandbox=sandbox, library=library,
                         stdin=json.dumps({**job, "sandboxed": sandbox}).encode())
     if run.returncode != 0 or not run.result[-200:].rstrip().rsplit(b"\n", 1)[-1].startswith(b"RESULT "):
-        return None, ("ran out of time" if run.killed else f"failed: {(run.stderr or run.stdout)[-500:]}")
+        return None, (SUSPENDED if run.killed == "suspended" else "ran out of time" if run.killed
+                      else f"failed: {(run.stderr or run.stdout)[-500:]}")
     return read_records(run.result, job)
 
 

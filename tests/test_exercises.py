@@ -546,6 +546,25 @@ def test_a_sandbox_ends_at_its_wall_clock_limit_with_everything_it_started(tmp_p
     assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if mark.encode() in read_or_nothing(p)]
 
 
+# Red team 24, A02: an answer that stops (SIGSTOP) the grader's processes in its sandbox, which run as
+# its user: the batch runner that enforces each part's deadline stopped, and every run lasted its
+# whole limit (1253 s for one student at --timeout 30, instead of a minute).
+STOPS_ITS_PARENT = r"""
+import os, signal, time
+parent = os.getpid()
+if os.fork() == 0:
+    os.kill(parent, signal.SIGSTOP)
+time.sleep(60)
+"""
+
+
+@needs_sandbox
+def test_a_run_whose_process_is_stopped_ends_then_not_at_its_limit(tmp_path):
+    run = in_sandbox(tmp_path, STOPS_ITS_PARENT, limits=runs.sandboxing.Limits(seconds=40, cpu_seconds=40))
+    assert run.killed == "suspended" and run.returncode is None, run
+    assert "SIGSTOP" in runs.SUSPENDED
+
+
 def read_or_nothing(path):
     try:
         return path.read_bytes()
