@@ -367,17 +367,46 @@ def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *
     return {"secret": secret, "timeout": timeout, "setup": source_text(cells["setup"]), "parts": parts}
 
 
+# What of nbgrader_config.py a notebook run for the feedback uses: the settings of these classes
+# (`c.<class>.<name> = ...`), and of CourseDirectory only its folders' names.
+RUN_SETTINGS = ("Execute", "BoundedOutputExecute", "LimitOutput", "Autograde", "IgnorePattern",
+                "ClearMetadataPreprocessor", "CheckCellMetadata", "SaveAutoGrades", "AssignLatePenalties")
+COURSE_FOLDERS = ("course_id", "source_directory", "release_directory")
+
+
+def notebook_run_config(text: str) -> str:
+    """The config a feedback sandbox gets, made from the course's nbgrader_config.py (`text`): its
+    imports, its classes (a preprocessor of the course's own) and its RUN_SETTINGS, rewritten from
+    the syntax tree; nothing else. Every sandbox can read its config, and a student's notebook can
+    print it into the feedback page (red team 24, A04: the instructor's comments, an exchange path,
+    and the gradebook's address, which the guide puts there, with its password if it holds one).
+    The grading secret's setting is no run setting either. SyntaxError: the file does not parse."""
+    def setting(node) -> bool:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(target, ast.Name):
+            return target.id == "c"  # c = get_config()
+        if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Attribute)
+                and isinstance(target.value.value, ast.Name) and target.value.value.id == "c"):
+            return False
+        owner, name = target.value.attr, target.attr
+        return owner in RUN_SETTINGS or (owner == "CourseDirectory" and name in COURSE_FOLDERS)
+    with PARSING:
+        tree = ast.parse(text)
+    kept = [node for node in tree.body
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef)) or setting(node)]
+    return ast.unparse(ast.Module(body=kept, type_ignores=[])) + "\n"
+
+
 def template_course(course: Path, assignment: str, scratch: Path) -> Path:
     """A course holding only the release of `assignment` and a gradebook made from it: what each
-    student's sandbox gets (no hidden test, no other student, not the real gradebook)."""
+    student's sandbox gets (no hidden test, no other student, not the real gradebook, and of
+    nbgrader_config.py only what a notebook run uses: notebook_run_config)."""
     template = scratch / "template"
     template.mkdir(parents=True)
-    config = (ROOT / "nbgrader_config.py").read_text()  # without the secret: the sandbox gets this copy
+    config = notebook_run_config((ROOT / "nbgrader_config.py").read_text())
     # The template's gradebook is its own, whatever gradebook the course names (a PostgreSQL one,
     # which no sandbox reaches: the feedback run failed and every page lost its outputs, issue 47).
-    (template / "nbgrader_config.py").write_text("".join(line for line in config.splitlines(keepends=True)
-                                                         if "HiddenTests" not in line)
-                                                 + '\nc.CourseDirectory.db_url = "sqlite:///gradebook.db"\n')
+    (template / "nbgrader_config.py").write_text(config + 'c.CourseDirectory.db_url = "sqlite:///gradebook.db"\n')
     shutil.copytree(course / "exercises" / assignment, template / "solutions" / assignment)
     generate_assignment(template, assignment, db_url=f"sqlite:///{template / 'gradebook.db'}")
     shutil.rmtree(template / "exercises")

@@ -348,6 +348,22 @@ def test_a_notebook_of_more_cells_than_the_cap_is_refused_and_one_at_the_cap_is_
                   for p in (ROOT / folder).glob("*/*.ipynb"))
     assert largest * 10 < notebooks.NOTEBOOK_CELLS, largest
 
+def test_a_feedback_sandbox_gets_only_the_notebook_run_settings_of_the_course_config():
+    """Red team 24, A04: the template course's config was nbgrader_config.py less its secret line, and
+    a student's notebook printed it into the feedback page: the instructor's comments, an exchange
+    path, a gradebook address (with a password if it held one)."""
+    private = ROOT.joinpath("nbgrader_config.py").read_text() + (
+        "\n# office hours moved; ask Alice for the regrade key\n"
+        'c.CourseDirectory.db_url = "postgresql://grader:hunter2@db.example.edu/fall"\n'
+        'c.Exchange.root = "/srv/private/exchange-fall"\nSECRET_NOTE = "hunter2"\n')
+    config = runs.notebook_run_config(private)
+    for gone in ("Alice", "hunter2", "db.example.edu", "exchange-fall", "HiddenTests", "public-placeholder", "db_url"):
+        assert gone not in config, gone
+    for kept in ("class BoundedOutputExecute(Execute)", "c.Autograde.autograde_preprocessors", "c.Execute.timeout = 60",
+                 "c.CourseDirectory.release_directory = 'exercises'", "c = get_config()"):
+        assert kept in config, kept
+
+
 def test_the_template_course_holds_no_secret(tmp_path):
     directory = os.getcwd()
     template = runs.template_course(ROOT, ASSIGNMENTS[0], tmp_path)  # what each feedback sandbox gets
