@@ -467,6 +467,9 @@ def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, n
         assert f"skipped ../mallory_1_3_{ASSIGNMENT}.ipynb: its name points outside" in result.stdout
         assert "NOT COLLECTED alice_333: uploaded files, none of them a notebook" in result.stdout  # e.g. zipped
         assert f"skipped {'c' * 240}_1_4_{ASSIGNMENT}.ipynb: cannot be written here (File name too long)" in result.stdout
+        # red team 24, A03: that student was told to have uploaded "none of them a notebook"
+        assert any(line.startswith(f"  NOT COLLECTED {'c' * 100}") and "their notebook(s) were skipped" in line
+                   for line in result.stdout.splitlines()), result.stdout
         assert f"skipped doejane_123456_9999999_x_777_7890999_{ASSIGNMENT}.ipynb: its name reads as more than one" in result.stdout
         assert "NOT COLLECTED smithann_1001: their only notebook(s) were refused (smithann_1001_5001_hw_3_1" in result.stdout
         assert "NOT COLLECTED doejane" not in result.stdout  # the name built to read as hers: she is collected
