@@ -458,11 +458,17 @@ def collect(course: Path, assignment: str, lms: str, download: Path) -> None:
     chosen = latest_uploads(archive, parse, release=release_of(course, assignment))
     remember(course, assignment, lms, {student: upload for student, upload in chosen.items() if student in students})
     print_same_user(course, assignment, lms)
-    uploaders = {info.get("student_id") or info.get("owner") for name in skipped if (info := parse(Path(name)))} - {None}
+    owners = {name: info.get("student_id") or info.get("owner") for name in skipped if (info := parse(Path(name)))}
+    uploaders = set(owners.values()) - {None}
+    # whose skipped files hold a notebook: one too large, or whose name the file system cannot hold
+    # (red team 24, A03: told "none of them a notebook" for a Moodle name of 327 bytes)
+    with_notebooks = {owner for name, owner in owners.items() if PurePosixPath(name).suffix == ".ipynb"}
     refused = refused_owners(archive, parse)
     for student in sorted(uploaders - set(students) - set(refused)):  # e.g. a notebook handed in zipped
-        print(one_line(f"  NOT COLLECTED {student}: uploaded files, none of them a notebook (see the skipped lines): "
-                        "ask them for the .ipynb, or put it in submitted/ by hand"))
+        print(one_line(f"  NOT COLLECTED {student}: "
+                       + ("their notebook(s) were skipped (see the skipped lines for why)" if student in with_notebooks
+                          else "uploaded files, none of them a notebook (see the skipped lines)")
+                       + ": ask them for the .ipynb, or put it in submitted/ by hand"))
     for student, files in sorted(refused.items()):
         if student not in students:
             print(one_line(f"  NOT COLLECTED {student}: their only notebook(s) were refused ({'; '.join(files)}): "

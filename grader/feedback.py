@@ -145,6 +145,17 @@ def untouched_parts(ran: dict, release: dict) -> set[str]:
     return {p for p in parts if all(submitted.get(g, [a]) == [a] for g, a in answers.items() if part_of(g) == p)}
 
 
+# A terminal escape sequence with more parameters than any colour or style takes: nbconvert's
+# ansi2html, which renders the feedback page in the grader's own process, takes time quadratic in
+# them (red team 24: one sequence of 980,000 characters, within the output cap, held the grader 24 s).
+LONG_ESCAPE = re.compile(r"\x1b\[[0-9;:]{33,}[@-~]?")
+
+
+def shown(text: str) -> str:
+    """An output's text as the feedback shows it: no machine path, no overlong escape sequence."""
+    return LONG_ESCAPE.sub("", without_machine_paths(text))
+
+
 def safe_outputs(outputs) -> list[dict]:
     """Text, tracebacks and PNG/JPEG images only: no HTML, JavaScript, SVG, widgets or metadata."""
     kept = []
@@ -153,19 +164,19 @@ def safe_outputs(outputs) -> list[dict]:
         if kind == "stream":
             name = "stderr" if out.get("name") == "stderr" else "stdout"
             kept.append({"output_type": "stream", "name": name,
-                         "text": without_machine_paths(source_text({"source": out.get("text", "")}))})
+                         "text": shown(source_text({"source": out.get("text", "")}))})
         elif kind == "error":
             trace = out.get("traceback", [])
             kept.append({"output_type": "error", "ename": str(out.get("ename", ""))[:200],
-                         "evalue": without_machine_paths(str(out.get("evalue", ""))[:2000]),
-                         "traceback": [without_machine_paths(str(line)[:2000]) for line in trace[-40:]]
+                         "evalue": shown(str(out.get("evalue", ""))[:2000]),
+                         "traceback": [shown(str(line)[:2000]) for line in trace[-40:]]
                                       if isinstance(trace, list) else []})
         elif kind in ("display_data", "execute_result"):
             data = out.get("data", {}) if isinstance(out.get("data"), dict) else {}
             # A Markdown output (the exercises' result tables) is kept as its text: readable, never
             # rendered (its HTML would be the student's); its text/plain is only the object's repr.
             plain = data.get("text/markdown", data.get("text/plain"))
-            clean = {"text/plain": source_text({"source": plain})} if plain is not None else {}
+            clean = {"text/plain": LONG_ESCAPE.sub("", source_text({"source": plain}))} if plain is not None else {}
             for mime in ("image/png", "image/jpeg"):
                 if isinstance(data.get(mime), str) and IMAGE.match(data[mime]):
                     clean[mime] = data[mime]

@@ -367,17 +367,46 @@ def hidden_test_job(source: dict, submission: dict, secret: str, timeout: int, *
     return {"secret": secret, "timeout": timeout, "setup": source_text(cells["setup"]), "parts": parts}
 
 
+# What of nbgrader_config.py a notebook run for the feedback uses: the settings of these classes
+# (`c.<class>.<name> = ...`), and of CourseDirectory only its folders' names.
+RUN_SETTINGS = ("Execute", "BoundedOutputExecute", "LimitOutput", "Autograde", "IgnorePattern",
+                "ClearMetadataPreprocessor", "CheckCellMetadata", "SaveAutoGrades", "AssignLatePenalties")
+COURSE_FOLDERS = ("course_id", "source_directory", "release_directory")
+
+
+def notebook_run_config(text: str) -> str:
+    """The config a feedback sandbox gets, made from the course's nbgrader_config.py (`text`): its
+    imports, its classes (a preprocessor of the course's own) and its RUN_SETTINGS, rewritten from
+    the syntax tree; nothing else. Every sandbox can read its config, and a student's notebook can
+    print it into the feedback page (red team 24, A04: the instructor's comments, an exchange path,
+    and the gradebook's address, which the guide puts there, with its password if it holds one).
+    The grading secret's setting is no run setting either. SyntaxError: the file does not parse."""
+    def setting(node) -> bool:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(target, ast.Name):
+            return target.id == "c"  # c = get_config()
+        if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Attribute)
+                and isinstance(target.value.value, ast.Name) and target.value.value.id == "c"):
+            return False
+        owner, name = target.value.attr, target.attr
+        return owner in RUN_SETTINGS or (owner == "CourseDirectory" and name in COURSE_FOLDERS)
+    with PARSING:
+        tree = ast.parse(text)
+    kept = [node for node in tree.body
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef)) or setting(node)]
+    return ast.unparse(ast.Module(body=kept, type_ignores=[])) + "\n"
+
+
 def template_course(course: Path, assignment: str, scratch: Path) -> Path:
     """A course holding only the release of `assignment` and a gradebook made from it: what each
-    student's sandbox gets (no hidden test, no other student, not the real gradebook)."""
+    student's sandbox gets (no hidden test, no other student, not the real gradebook, and of
+    nbgrader_config.py only what a notebook run uses: notebook_run_config)."""
     template = scratch / "template"
     template.mkdir(parents=True)
-    config = (ROOT / "nbgrader_config.py").read_text()  # without the secret: the sandbox gets this copy
+    config = notebook_run_config((ROOT / "nbgrader_config.py").read_text())
     # The template's gradebook is its own, whatever gradebook the course names (a PostgreSQL one,
     # which no sandbox reaches: the feedback run failed and every page lost its outputs, issue 47).
-    (template / "nbgrader_config.py").write_text("".join(line for line in config.splitlines(keepends=True)
-                                                         if "HiddenTests" not in line)
-                                                 + '\nc.CourseDirectory.db_url = "sqlite:///gradebook.db"\n')
+    (template / "nbgrader_config.py").write_text(config + 'c.CourseDirectory.db_url = "sqlite:///gradebook.db"\n')
     shutil.copytree(course / "exercises" / assignment, template / "solutions" / assignment)
     generate_assignment(template, assignment, db_url=f"sqlite:///{template / 'gradebook.db'}")
     shutil.rmtree(template / "exercises")
@@ -405,6 +434,11 @@ def feedback_limits(timeout: int) -> "sandboxing.Limits":
 NOTEBOOK_FIGURES = {"MPLBACKEND": "module://matplotlib_inline.backend_inline"}
 
 
+# Why a run ended when one of its processes was found stopped (sandbox.stopped_in): the answer
+# stopped a process of the grader's, or its own; the run ends there, not at its limit (red team 24).
+SUSPENDED = "was ended: a process of its run was stopped (SIGSTOP), which no honest notebook does"
+
+
 def run_feedback(folder: Path, template: Path, notebook: dict, assignment: str, timeout: int,
                  sandbox: bool) -> tuple[dict | None, str | None]:
     """(the notebook as run, None) from `nbgrader autograde` of `notebook` against the release
@@ -419,6 +453,7 @@ def run_feedback(folder: Path, template: Path, notebook: dict, assignment: str, 
         return parse_notebook(run.result), None  # data from the pipe, never a file it could replace
     except ValueError:
         return None, (f"ran past the {feedback_seconds(timeout)} s allowed for the whole notebook" if run.killed == "time"
+                      else SUSPENDED if run.killed == "suspended"
                       else "used more than its CPU time" if run.killed else f"failed ({run.stderr[-300:]})")
 
 
@@ -447,7 +482,8 @@ def run_hidden_tests(folder: Path, job: dict, sandbox: bool, timeout: int,
                         limits=hidden_test_limits(parts, timeout), sandbox=sandbox, library=library,
                         stdin=json.dumps({**job, "sandboxed": sandbox}).encode())
     if run.returncode != 0 or not run.result[-200:].rstrip().rsplit(b"\n", 1)[-1].startswith(b"RESULT "):
-        return None, ("ran out of time" if run.killed else f"failed: {(run.stderr or run.stdout)[-500:]}")
+        return None, (SUSPENDED if run.killed == "suspended" else "ran out of time" if run.killed
+                      else f"failed: {(run.stderr or run.stdout)[-500:]}")
     return read_records(run.result, job)
 
 

@@ -27,7 +27,9 @@ processes of its user; for the whole process tree (cgroup v1, nested under the g
 cgroups, where root may create them): processes (`pids.max`), memory including `/tmp`
 (`memory.limit_in_bytes`, swap included), CPU (`cfs_quota`: at most `cpus` CPUs at once, so a
 sandbox full of busy processes cannot starve its neighbour) and total CPU time (`cpuacct.usage`,
-checked twice a second); the whole run ends after `seconds` of wall-clock time. What comes back:
+checked twice a second); the whole run ends after `seconds` of wall-clock time, and as soon as one of
+its processes is found stopped (SIGSTOP, or a tracer's stop; checked once a second where cgroups
+list the processes: `stopped_in`). What comes back:
 the exit status, the last 20 kB of stdout and stderr, and at most `output_bytes` from file
 descriptor 3 (a pipe: the only way a result leaves the sandbox).
 """
@@ -111,7 +113,7 @@ class Outcome:
     result: bytes                     # what the command wrote on fd 3
     stdout: str                       # the last TAIL characters
     stderr: str
-    killed: str = ""                  # which limit ended it ("", "time", "cpu time", "stalled"), or "stopped" (STOP)
+    killed: str = ""                  # which limit ended it ("", "time", "cpu time", "stalled", "suspended"), or "stopped" (STOP)
     cpu_seconds: float | None = None  # of the whole tree, where cgroups measure it
     wall_seconds: float = 0.0
     memory_bytes: int | None = None   # the whole tree's peak memory (/tmp included), where cgroups measure it
@@ -259,6 +261,22 @@ def cgroup_pids(cgroups: dict[str, Path]) -> list[int]:
         return []
 
 
+def stopped_in(cgroups: dict[str, Path]) -> bool:
+    """Whether a process of the run is stopped (state T: SIGSTOP, SIGTSTP; t: a tracer's stop). A
+    student's code runs as the same user as the grader's own processes in the sandbox, so it can stop
+    them: a stopped batch runner enforces no part's deadline, and each run then lasted its whole limit
+    (red team 24, A02: 1253 s for one student at --timeout 30). No honest notebook stops a process,
+    and nothing in a sandbox has a terminal to be stopped by."""
+    for pid in cgroup_pids(cgroups):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):  # ended meanwhile
+            continue
+        if state in ("T", "t"):
+            return True
+    return False
+
+
 def cpu_used(cgroups: dict[str, Path]) -> float | None:
     try:
         return int((cgroups["cpuacct"] / "cpuacct.usage").read_text()) / 1e9
@@ -393,7 +411,7 @@ def run(command: list[str], *, show=(), files=None, limits: Limits, stdin: bytes
         for thread in threads:
             thread.start()
         threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()
-        killed = ""
+        killed, looked = "", started
         while process.poll() is None:
             used = cpu_used(cgroups)
             if time.monotonic() - started > limits.seconds:
@@ -404,6 +422,9 @@ def run(command: list[str], *, show=(), files=None, limits: Limits, stdin: bytes
                 killed = "stalled"
             elif STOP.is_set():
                 killed = "stopped"
+            elif time.monotonic() - looked >= 1:
+                looked = time.monotonic()
+                killed = "suspended" if stopped_in(cgroups) else ""
             if killed:
                 _kill(process, cgroups)
                 break

@@ -348,6 +348,22 @@ def test_a_notebook_of_more_cells_than_the_cap_is_refused_and_one_at_the_cap_is_
                   for p in (ROOT / folder).glob("*/*.ipynb"))
     assert largest * 10 < notebooks.NOTEBOOK_CELLS, largest
 
+def test_a_feedback_sandbox_gets_only_the_notebook_run_settings_of_the_course_config():
+    """Red team 24, A04: the template course's config was nbgrader_config.py less its secret line, and
+    a student's notebook printed it into the feedback page: the instructor's comments, an exchange
+    path, a gradebook address (with a password if it held one)."""
+    private = ROOT.joinpath("nbgrader_config.py").read_text() + (
+        "\n# office hours moved; ask Alice for the regrade key\n"
+        'c.CourseDirectory.db_url = "postgresql://grader:hunter2@db.example.edu/fall"\n'
+        'c.Exchange.root = "/srv/private/exchange-fall"\nSECRET_NOTE = "hunter2"\n')
+    config = runs.notebook_run_config(private)
+    for gone in ("Alice", "hunter2", "db.example.edu", "exchange-fall", "HiddenTests", "public-placeholder", "db_url"):
+        assert gone not in config, gone
+    for kept in ("class BoundedOutputExecute(Execute)", "c.Autograde.autograde_preprocessors", "c.Execute.timeout = 60",
+                 "c.CourseDirectory.release_directory = 'exercises'", "c = get_config()"):
+        assert kept in config, kept
+
+
 def test_the_template_course_holds_no_secret(tmp_path):
     directory = os.getcwd()
     template = runs.template_course(ROOT, ASSIGNMENTS[0], tmp_path)  # what each feedback sandbox gets
@@ -544,6 +560,25 @@ def test_a_sandbox_ends_at_its_wall_clock_limit_with_everything_it_started(tmp_p
     run = in_sandbox(tmp_path, FORKS, 3, mark, limits=runs.sandboxing.Limits(seconds=5, cpu_seconds=100))
     assert run.killed == "time" and run.returncode is None and "STARTED 3" in run.stdout
     assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if mark.encode() in read_or_nothing(p)]
+
+
+# Red team 24, A02: an answer that stops (SIGSTOP) the grader's processes in its sandbox, which run as
+# its user: the batch runner that enforces each part's deadline stopped, and every run lasted its
+# whole limit (1253 s for one student at --timeout 30, instead of a minute).
+STOPS_ITS_PARENT = r"""
+import os, signal, time
+parent = os.getpid()
+if os.fork() == 0:
+    os.kill(parent, signal.SIGSTOP)
+time.sleep(60)
+"""
+
+
+@needs_sandbox
+def test_a_run_whose_process_is_stopped_ends_then_not_at_its_limit(tmp_path):
+    run = in_sandbox(tmp_path, STOPS_ITS_PARENT, limits=runs.sandboxing.Limits(seconds=40, cpu_seconds=40))
+    assert run.killed == "suspended" and run.returncode is None, run
+    assert "SIGSTOP" in runs.SUSPENDED
 
 
 def read_or_nothing(path):

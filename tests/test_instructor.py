@@ -320,6 +320,17 @@ def test_a_markdown_output_is_kept_as_its_text_never_rendered():
                                              "metadata": {}}]
 
 
+def test_an_escape_sequence_longer_than_a_colour_never_reaches_the_page_renderer():
+    """Red team 24, A02b: one terminal escape of 980,000 characters (within the output cap) held the
+    grader's process 24 s in nbconvert's ansi2html; a colour's own escapes stay, and the text after."""
+    from nbconvert.filters.ansi import ansi2html
+    red, attack = "\x1b[38;5;196mred\x1b[0m", "\x1b[" + "38;5;1;" * 20_000 + "1m"
+    outs = feedback.safe_outputs([{"output_type": "stream", "name": "stdout", "text": f"{red} {attack}after"},
+                                  {"output_type": "error", "ename": "E", "evalue": attack, "traceback": [red + attack]}])
+    assert outs[0]["text"] == f"{red} after" and outs[1]["evalue"] == "" and outs[1]["traceback"] == [red]
+    assert "red" in ansi2html(outs[0]["text"]) and "after" in ansi2html(outs[0]["text"])
+
+
 def test_a_part_graded_full_under_visible_tests_that_failed_in_the_run_says_why():
     """Issue 48, third walkthrough: a try-out line that raised above a helper stopped that cell, so
     the visible tests failed with a NameError in the run, and grading (which runs the lines after a
@@ -467,6 +478,9 @@ def test_an_lms_download_is_collected_latest_upload_per_student(tmp_path, lms, n
         assert f"skipped ../mallory_1_3_{ASSIGNMENT}.ipynb: its name points outside" in result.stdout
         assert "NOT COLLECTED alice_333: uploaded files, none of them a notebook" in result.stdout  # e.g. zipped
         assert f"skipped {'c' * 240}_1_4_{ASSIGNMENT}.ipynb: cannot be written here (File name too long)" in result.stdout
+        # red team 24, A03: that student was told to have uploaded "none of them a notebook"
+        assert any(line.startswith(f"  NOT COLLECTED {'c' * 100}") and "their notebook(s) were skipped" in line
+                   for line in result.stdout.splitlines()), result.stdout
         assert f"skipped doejane_123456_9999999_x_777_7890999_{ASSIGNMENT}.ipynb: its name reads as more than one" in result.stdout
         assert "NOT COLLECTED smithann_1001: their only notebook(s) were refused (smithann_1001_5001_hw_3_1" in result.stdout
         assert "NOT COLLECTED doejane" not in result.stdout  # the name built to read as hers: she is collected
