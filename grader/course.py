@@ -71,25 +71,36 @@ def generate_assignment(course: Path, assignment: str, db_url: str | None = None
     this process's folder's: pass the course's, gradebook.db_url). nbgrader changes the working
     directory while it converts (to `course`, then back): call it before grading threads start.
     RuntimeError with nbgrader's log if it fails."""
-    from unittest import mock
-
-    import nbgrader.api
-    from nbgrader.apps import NbGraderAPI
-    from traitlets.config.loader import PyFileConfigLoader
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
-    config.CourseDirectory.root = str(course)
-    if db_url:  # else the course's nbgrader_config.py's (a relative SQLite path is this process's folder's)
-        config.CourseDirectory.db_url = db_url
-    if release_directory:
-        config.CourseDirectory.release_directory = release_directory
-    with GENERATING, mock.patch.object(nbgrader.api, "get_alembic_version", alembic_head):
-        result = NbGraderAPI(config=config).generate_assignment(assignment, force=True)
+    settings = {"db_url": db_url, "release_directory": release_directory}
+    result = in_process(course, lambda api: api.generate_assignment(assignment, force=True),
+                        **{k: v for k, v in settings.items() if v})
     if not result["success"]:
         raise RuntimeError(f"could not prepare the release of {assignment}:\n{result.get('log', '')[-2000:]}"
                            f"{result.get('error', '')[-2000:]}")
 
 
 GENERATING = threading.Lock()  # one conversion at a time: nbgrader changes this process's directory
+
+
+def in_process(course: Path, call, **course_directory) -> dict:
+    """`call(api)`'s result ({"success", "log", "error"}) for an nbgrader API (`NbGraderAPI`) made with
+    the course's nbgrader_config.py, `course` as its root and `course_directory`'s CourseDirectory
+    settings: an nbgrader command run in this process, one at a time (GENERATING), a new gradebook
+    stamped with `alembic_head`. What a command of its own does, without a Python that imports
+    nbgrader (1 s of CPU) and, for a new gradebook, an `alembic heads` process (another second)."""
+    from unittest import mock
+
+    import nbgrader.api
+    from nbgrader.apps import NbGraderAPI
+    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
+    config = (PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+              if (course / "nbgrader_config.py").is_file() else Config())
+    config.CourseDirectory.root = str(course)
+    for name, value in course_directory.items():
+        setattr(config.CourseDirectory, name, value)
+    with GENERATING, mock.patch.object(nbgrader.api, "get_alembic_version", alembic_head):
+        return call(NbGraderAPI(config=config))
 
 
 @functools.cache

@@ -15,12 +15,11 @@ import json
 import re
 import shutil
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
 from grader import feedback_page
-from grader.course import ROOT, nbgrader
+from grader.course import ROOT, in_process
 from grader.notebooks import grade_id, normalised, part_of, source_text
 from grader.report import CUT, NOTE, one_line, plural, shortened
 
@@ -273,26 +272,18 @@ def feedback_for(course: Path, assignment: str, students: list[str], url: str | 
     """nbgrader's feedback pages for `students` only (a shard writes its own students' pages).
     Returns {student: why their page failed}: one page nbgrader cannot render costs that student
     their page, never the others theirs (each is then rendered on its own)."""
-    def render(some: list[str]):
+    def render(some: list[str]) -> str | None:
         others = sorted({p.parent.name for p in (course / "autograded").glob(f"*/{assignment}")} - set(some))
-        # The students left out go to nbgrader in a config file of its own (JSON: data, never code),
-        # not on the command line: there, a large class's ids make one argument longer than Linux's
-        # 128 KiB, and nbgrader never starts (red team 45i, A06: 6,000 ids, "Argument list too long").
-        with tempfile.TemporaryDirectory(prefix="feedback-") as scratch:
-            config = Path(scratch) / "exclude.json"
-            config.write_text(json.dumps({"CourseDirectory": {"student_id_exclude": ",".join(others)}}))
-            args = ["generate_feedback", assignment, "--force", f"--GenerateFeedbackApp.config_file={config}"] + (
-                [f"--CourseDirectory.db_url={url}"] if url else [])
-            return nbgrader(course, *args, check=False)
+        return render_pages(course, assignment, others, url)
 
-    if not students or render(students).returncode == 0:
+    if not students or render(students) is None:
         finish_pages(course, assignment, students)
         return {}
     failures = {}
     for student in students:
-        result = render([student])
-        if result.returncode != 0:
-            lines = (result.stdout + result.stderr).strip().splitlines() or [f"exit status {result.returncode}"]
+        said = render([student])
+        if said is not None:
+            lines = said.strip().splitlines() or ["no message"]
             why = next((line for line in reversed(lines) if "Error" in line), lines[-1])
             failures[student] = f"nbgrader generate_feedback failed: {why.strip()}"[:300]
     finish_pages(course, assignment, [s for s in students if s not in failures])
@@ -312,6 +303,18 @@ MATHJAX = re.compile(r'<script src="https://cdnjs\.cloudflare\.com/ajax/libs/mat
                      r'|<script type="text/x-mathjax-config">.*?</script>', re.S)
 SCORE_LINK = re.compile(r'<a href="#(p(\d+)_tests)">Test cell</a>')
 TEST_HEADING = re.compile(r'Grade cell: <code>p(\d+)_tests</code>')
+
+
+def render_pages(course: Path, assignment: str, excluded: list[str], url: str | None = None) -> str | None:
+    """`nbgrader generate_feedback <assignment> --force` for the autograded students not `excluded`,
+    in this process (grader/course.py, in_process; a command of its own cost 1 s of CPU to start, at
+    every grading, issue 52): None, or what nbgrader said when it failed. The students left out go
+    to nbgrader as a setting, never on a command line (red team 45i, A06: 6,000 ids made one argument
+    longer than Linux's 128 KiB, and nbgrader never started)."""
+    from grader.gradebook import db_url
+    result = in_process(course, lambda api: api.generate_feedback(assignment, force=True),
+                        student_id_exclude=",".join(excluded), db_url=db_url(course, url))
+    return None if result["success"] else f"{result.get('log', '')}\n{result.get('error', '')}"
 
 
 def finish_pages(course: Path, assignment: str, students: list[str]) -> None:
