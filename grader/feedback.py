@@ -144,10 +144,12 @@ def untouched_parts(ran: dict, release: dict) -> set[str]:
     return {p for p in parts if all(submitted.get(g, [a]) == [a] for g, a in answers.items() if part_of(g) == p)}
 
 
-# A terminal escape sequence with more parameters than any colour or style takes: nbconvert's
-# ansi2html, which renders the feedback page in the grader's own process, takes time quadratic in
-# them (red team 24: one sequence of 980,000 characters, within the output cap, held the grader 24 s).
-LONG_ESCAPE = re.compile(r"\x1b\[[0-9;:]{33,}[@-~]?")
+# A terminal escape sequence longer than any colour or style's: nbconvert's ansi2html, which renders
+# the feedback page in the grader's own process, takes time quadratic in its parameters (red team 24:
+# one sequence of 980,000 characters, within the output cap, held the grader 24 s). Whatever stands
+# between `ESC[` and the final byte counts, as nbconvert reads it (`\x1b\[(.*?)([@-~])`): red team 25
+# put blanks between the numbers.
+LONG_ESCAPE = re.compile(r"\x1b\[[^@-~]{33,}[@-~]?")
 
 
 def shown(text: str) -> str:

@@ -325,9 +325,12 @@ def test_an_escape_sequence_longer_than_a_colour_never_reaches_the_page_renderer
     grader's process 24 s in nbconvert's ansi2html; a colour's own escapes stay, and the text after."""
     from nbconvert.filters.ansi import ansi2html
     red, attack = "\x1b[38;5;196mred\x1b[0m", "\x1b[" + "38;5;1;" * 20_000 + "1m"
+    spaced = "\x1b[" + " 0;" * 20_000 + "m"  # red team 25: blanks between the numbers, as nbconvert reads them too
     outs = feedback.safe_outputs([{"output_type": "stream", "name": "stdout", "text": f"{red} {attack}after"},
-                                  {"output_type": "error", "ename": "E", "evalue": attack, "traceback": [red + attack]}])
+                                  {"output_type": "error", "ename": "E", "evalue": attack, "traceback": [red + attack]},
+                                  {"output_type": "display_data", "data": {"text/plain": f"{spaced}x"}}])
     assert outs[0]["text"] == f"{red} after" and outs[1]["evalue"] == "" and outs[1]["traceback"] == [red]
+    assert outs[2]["data"]["text/plain"] == "x"
     assert "red" in ansi2html(outs[0]["text"]) and "after" in ansi2html(outs[0]["text"])
 
 
