@@ -179,3 +179,12 @@ def test_no_test_leaves_a_patch_behind_for_the_tests_after_it():
     found = {path.name: lines for path in sorted((ROOT / "tests").glob("*.py"))
              if (lines := unscoped_monkeypatches(path.read_text()))}
     assert found == {}, f"use the monkeypatch fixture or `with pytest.MonkeyPatch() as m:` ({found})"
+
+
+def test_the_intros_line_count_of_the_library_holds():
+    """intro.md: "`mpcourse` (about 13,000 lines)", typed by hand: checked here, so that it fails the
+    build when the library grows or shrinks past "about"."""
+    intro = " ".join((ROOT / "book" / "intro.md").read_text().split())
+    assert "`mpcourse` (about 13,000 lines)" in intro
+    lines = sum(len(p.read_text().splitlines()) for p in (ROOT / "mpcourse").rglob("*.py"))
+    assert 12_500 <= lines < 13_500, lines
