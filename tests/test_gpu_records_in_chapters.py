@@ -38,7 +38,7 @@ def test_the_intros_fp8_accumulation_numbers_hold_for_the_committed_h200_run():
     root = Path(__file__).resolve().parent.parent
     intro = " ".join((root / "book" / "intro.md").read_text().split())
     assert "largest error over the product's elements was 2.2 × 10⁻⁵" in intro and "and 4.7 × 10⁻⁴ with" in intro
-    assert "Rounding the inputs to E4M3 costs more than either: its largest error, measured the same way, is already about 3 × 10⁻³ over 4,096 outputs" in intro
+    assert "Rounding the inputs to E4M3 costs more than either: its largest error, measured the same way, is already about 3 × 10⁻³ over only 4,096 outputs" in intro
     rows = dict(json.loads((root / "mpcourse" / "data" / "gpu" / "nvidia-h200" / "06_fp8.json").read_text())
                 ["results"]["scaled_mm_accumulation"]["rows"])
     default, emulated = float(rows["F.scaled_mm, use_fast_accum=False"]), float(rows["emulation (FP32 sums)"])
