@@ -47,6 +47,13 @@ DANGEROUS_SCHEME = re.compile("(?i)(" + "|".join(r"[\s\x00-\x1f]*".join(word) fo
                                                  ("javascript", "vbscript", "data", "livescript")) + r")[\s\x00-\x1f]*:")
 LINK_SYNTAX = re.compile(r"\](\s*)([(\[:])")  # [text](address), [text][ref], [ref]: address
 MATH_LINKS = re.compile(r"\\(href|url|class|cssId|style|data|unicode|require)\b")
+# A bare address (`https://...`), which the Markdown renderer turns into a link by itself (red team
+# 26, A04): a zero-width space between its slashes keeps the text and breaks the link.
+BARE_ADDRESS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*):/(/)")
+# A run of emphasis characters: the renderer's emphasis parsing takes time quadratic in runs of
+# 45-80 `*` before a letter (red team 26, A08: five cells of them, 20-30 s of the grader's process
+# a student); escaped, each renders as itself.
+EMPHASIS_RUN = re.compile(r"[*_]{4,}")
 
 
 def inert_markdown(text: str) -> str:
@@ -54,10 +61,13 @@ def inert_markdown(text: str) -> str:
     or a tag, maths as plain text where it can be (grader/feedback_page.py), no link or image (their
     syntax broken: the Markdown renderer decodes entities in addresses, even escaped ones, so an
     address cannot be made safe by escaping), dangerous URL schemes broken in the text too,
-    MathJax's link commands disabled."""
+    MathJax's link commands disabled, bare addresses not linked, runs of four or more `*` or `_`
+    escaped (each shows as itself)."""
     text = feedback_page.escape_markup(feedback_page.readable_maths(text))
     text = LINK_SYNTAX.sub(lambda m: "]" + m.group(1) + "\\" + m.group(2), text)
     text = DANGEROUS_SCHEME.sub(lambda m: re.sub(r"[\s\x00-\x1f]", "", m.group(1)) + "-blocked:", text)
+    text = BARE_ADDRESS.sub(lambda m: f"{m.group(1)}:/\u200b/", text)
+    text = EMPHASIS_RUN.sub(lambda m: "".join("\\" + c for c in m.group()), text)
     return MATH_LINKS.sub(lambda m: f"\\text{{{m.group(1)}-blocked}}", text)
 
 
@@ -267,8 +277,11 @@ def feedback_notebook(ran: dict, release: dict, points: dict, verdicts: dict,
                           "outputs": capped(safe_outputs(cell.get("outputs")), budget) + (
                               [{"output_type": "stream", "name": "stdout", "text": SUMMARY_NOTE}]
                               if gid == "summary" else [])})
-    return {"cells": cells, "metadata": {k: release["metadata"][k] for k in ("kernelspec", "language_info")
-                                         if k in release.get("metadata", {})},
+    # Each cell an id of its own, as format 4.5 asks (without, nbformat warns at every read that it
+    # "will become a hard error", and every page would then fail: red team 26, A14).
+    return {"cells": [{"id": f"cell-{number}", **cell} for number, cell in enumerate(cells)],
+            "metadata": {k: release["metadata"][k] for k in ("kernelspec", "language_info")
+                         if k in release.get("metadata", {})},
             "nbformat": 4, "nbformat_minor": 5}
 
 

@@ -608,6 +608,20 @@ def test_markdown_is_made_inert_against_entities_and_maths_links():
         assert "](" not in inert and "]:" not in inert and "][" not in inert  # no link syntax left
 
 
+def test_markdown_links_no_bare_address_and_renders_emphasis_runs_as_text():
+    """Red team 26: a bare `https://...` became a live link in the page (A04); runs of 45-80 `*` before a
+    letter took the renderer time quadratic in their length, in the grader's own process (A08: five
+    such cells, 20-30 s a student). Ordinary emphasis still renders."""
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+    for text in ("see https://evil.example/login", "[a] (https://x.y)", "[1]: https://x.y", "HTTPS://x.y"):
+        html = markdown2html_mistune(feedback.inert_markdown(text))
+        assert "<a " not in html and "//" in html.replace("\u200b", ""), html
+    stars = "*" * 60 + "a"
+    assert feedback.inert_markdown(stars) == "\\*" * 60 + "a"
+    assert markdown2html_mistune(feedback.inert_markdown(stars)).count("*") == 60  # shown as written
+    assert "<strong>bold</strong>" in markdown2html_mistune(feedback.inert_markdown("**bold** and *it*"))
+
+
 def test_a_failure_message_leaks_no_secret_seed_or_hidden_test():
     secret = "ab" * 32
     hidden = {"assert stable_softmax(secret_input).max() < 2"}
