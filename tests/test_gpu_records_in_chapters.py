@@ -32,7 +32,7 @@ def test_the_intros_fp8_accumulation_numbers_hold_for_the_committed_h200_run():
     """intro.md types three numbers: the H200's largest FP8 accumulation error with cuBLAS's default
     accumulation (2.2e-5 of the products' summed magnitudes, more than a thousand times the FP32-sum
     emulation's), with fast accumulation (4.7e-4), and the largest error of rounding random normal
-    inputs to E4M3, measured the same way (about 3e-3 over 4,096 outputs, computed here). Both are checked
+    inputs to E4M3, measured the same way (about 3e-3 over 4,096 outputs, computed here). All three are checked
     here, so that a new record or a changed sentence fails the build rather than drift apart."""
     import torch
     root = Path(__file__).resolve().parent.parent
