@@ -7,6 +7,7 @@ only to release assignments, register them and render feedback, never to execute
     release()                                       # `make exercises`: exercises/ from solutions/
     make_course(folder, names)                      # a scratch course with `names` released
     generate_assignment(course, name)               # `nbgrader generate_assignment name --force`, in this process
+    in_process(course, call, **settings)            # any nbgrader API call in this process (feedback pages too)
     set_aside(course, name, to)                     # `python -m grader set-aside`: an assignment's files moved to `to`
 
 The repository root is the course directory of the course itself (nbgrader_config.py there);
@@ -35,7 +36,7 @@ def assignments() -> list[str]:
 
 def nbgrader(course: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """Run the nbgrader command line in `course` (nbgrader needs its venv's bin/ on PATH)."""
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # the environment as it is now
     result = subprocess.run([str(BIN / "nbgrader"), *args], cwd=course, env=env,
                             capture_output=True, text=True)
     if check and result.returncode != 0:

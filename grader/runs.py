@@ -380,7 +380,8 @@ def notebook_run_config(text: str) -> str:
     the syntax tree; nothing else. Every sandbox can read its config, and a student's notebook can
     print it into the feedback page (red team 24, A04: the instructor's comments, an exchange path,
     and the gradebook's address, which the guide puts there, with its password if it holds one).
-    The grading secret's setting is no run setting either. SyntaxError: the file does not parse."""
+    The grading secret's setting is no run setting either. ValueError, in a sentence: the file does
+    not parse (a grading then stops before anyone is graded, as for nbgrader's own error)."""
     def setting(node) -> bool:
         target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
         if isinstance(target, ast.Name):
@@ -390,8 +391,12 @@ def notebook_run_config(text: str) -> str:
             return False
         owner, name = target.value.attr, target.attr
         return owner in RUN_SETTINGS or (owner == "CourseDirectory" and name in COURSE_FOLDERS)
-    with PARSING:
-        tree = ast.parse(text)
+    try:
+        with PARSING:
+            tree = ast.parse(text)
+    except SyntaxError as error:
+        raise ValueError(f"nbgrader_config.py does not parse (line {error.lineno}: {error.msg}): fix it, "
+                         "then grade again") from None
     kept = [node for node in tree.body
             if isinstance(node, (ast.Import, ast.ImportFrom, ast.ClassDef)) or setting(node)]
     return ast.unparse(ast.Module(body=kept, type_ignores=[])) + "\n"

@@ -362,6 +362,8 @@ def test_a_feedback_sandbox_gets_only_the_notebook_run_settings_of_the_course_co
     for kept in ("class BoundedOutputExecute(Execute)", "c.Autograde.autograde_preprocessors", "c.Execute.timeout = 60",
                  "c.CourseDirectory.release_directory = 'exercises'", "c = get_config()"):
         assert kept in config, kept
+    with pytest.raises(ValueError, match=r"nbgrader_config.py does not parse \(line 2"):
+        runs.notebook_run_config("c = get_config()\nc.Execute.timeout = (\n")
 
 
 def test_the_template_course_holds_no_secret(tmp_path):
