@@ -615,9 +615,10 @@ def test_markdown_links_no_bare_address_and_renders_emphasis_runs_as_text():
     letter took the renderer time quadratic in their length, in the grader's own process (A08: five
     such cells, 20-30 s a student). Ordinary emphasis still renders."""
     from nbconvert.filters.markdown_mistune import markdown2html_mistune
-    for text in ("see https://evil.example/login", "[a] (https://x.y)", "[1]: https://x.y", "HTTPS://x.y"):
+    for text in ("see https://evil.example/login", "[a] (https://x.y)", "[1]: https://x.y", "HTTPS://x.y",
+                 "x" * 40 + "://a.b", "a." * 10_000 + "http://x.y"):  # red team 27: a pattern was quadratic in a.a.
         html = markdown2html_mistune(feedback.inert_markdown(text))
-        assert "<a " not in html and "//" in html.replace("\u200b", ""), html
+        assert "<a " not in html and "//" in html.replace("\u200b", ""), html[-200:]
     stars = "*" * 60 + "a"
     assert feedback.inert_markdown(stars) == "\\*" * 60 + "a"
     assert markdown2html_mistune(feedback.inert_markdown(stars)).count("*") == 60  # shown as written
