@@ -25,8 +25,9 @@ from grader.report import CUT, NOTE, one_line, plural, shortened
 
 OUTPUT_CHARS = 1_000_000          # the feedback's outputs, all cells together
 # The student's own text in the feedback page: nbgrader renders it outside every sandbox and limit,
-# and 10 MB of Markdown (`*_*_...`) took its renderer past 3.9 GB (red team 45d, A04). The released
-# notebooks' largest cell holds 8,452 characters, the largest notebook 42,413. Code is highlighted
+# and 10 MB of Markdown (`*_*_...`) took its renderer past 3.9 GB (red team 45d, A04). A completed
+# notebook (the solutions) holds at most 42,906 characters, 8,672 in a cell (tests/test_instructor.py
+# keeps these limits at twice that or more). Code is highlighted
 # and the page parsed again in the grader's process too: 300,000 characters of one-character tokens
 # (`a.a.a...`) in added cells took 13 s and 0.8 GB there, a student (red team 25, A4).
 SOURCE_CHARS = 20_000             # one cell's source

@@ -28,8 +28,8 @@ cgroups, where root may create them): processes (`pids.max`), memory including `
 (`memory.limit_in_bytes`, swap included), CPU (`cfs_quota`: at most `cpus` CPUs at once, so a
 sandbox full of busy processes cannot starve its neighbour) and total CPU time (`cpuacct.usage`,
 checked twice a second); the whole run ends after `seconds` of wall-clock time, and as soon as one of
-its processes is found stopped (SIGSTOP, or a tracer's stop; checked once a second where cgroups
-list the processes: `stopped_in`). What comes back:
+its processes is found stopped (SIGSTOP, or a tracer's stop; checked once a second among the
+processes its cgroups list, or without them those of its uid: `stopped_in`). What comes back:
 the exit status, the last 20 kB of stdout and stderr, and at most `output_bytes` from file
 descriptor 3 (a pipe: the only way a result leaves the sandbox).
 """
@@ -261,13 +261,28 @@ def cgroup_pids(cgroups: dict[str, Path]) -> list[int]:
         return []
 
 
-def stopped_in(cgroups: dict[str, Path]) -> bool:
+def uid_pids(uid: int) -> list[int]:
+    """The processes whose real uid is `uid`: a sandbox's, where no cgroup lists them (each sandbox
+    slot has a uid no other process on the machine has: UID_BASE)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat(follow_symlinks=False).st_uid == uid:
+                    found.append(int(entry.name))
+            except OSError:  # ended meanwhile
+                pass
+    return found
+
+
+def stopped_in(cgroups: dict[str, Path], uid: int | None = None) -> bool:
     """Whether a process of the run is stopped (state T: SIGSTOP, SIGTSTP; t: a tracer's stop). A
     student's code runs as the same user as the grader's own processes in the sandbox, so it can stop
     them: a stopped batch runner enforces no part's deadline, and each run then lasted its whole limit
     (red team 24, A02: 1253 s for one student at --timeout 30). No honest notebook stops a process,
-    and nothing in a sandbox has a terminal to be stopped by."""
-    for pid in cgroup_pids(cgroups):
+    and nothing in a sandbox has a terminal to be stopped by. The run's processes are those its
+    cgroups list, or without cgroups (cgroup v2 only) those of the sandbox's `uid`."""
+    for pid in cgroup_pids(cgroups) if cgroups or uid is None else uid_pids(uid):
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):  # ended meanwhile
@@ -424,7 +439,7 @@ def run(command: list[str], *, show=(), files=None, limits: Limits, stdin: bytes
                 killed = "stopped"
             elif time.monotonic() - looked >= 1:
                 looked = time.monotonic()
-                killed = "suspended" if stopped_in(cgroups) else ""
+                killed = "suspended" if stopped_in(cgroups, UID_BASE + slot if sandbox else None) else ""
             if killed:
                 _kill(process, cgroups)
                 break

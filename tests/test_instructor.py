@@ -281,6 +281,16 @@ def test_the_students_own_text_in_the_feedback_page_is_cut_to_a_bound():
     assert "not shown" in sources[-1]  # past the page's budget even a short cell is cut
 
 
+def test_a_completed_notebook_is_far_inside_the_feedback_pages_source_limits():
+    """A student's completed notebook is about a solution's size: at most half of each limit, so that
+    an honest notebook with notes and helper cells added is shown whole (review 69: the limits'
+    comment named a size no notebook had)."""
+    for path in sorted((ROOT / "solutions").glob("*/*.ipynb")):
+        sources = ["".join(cell["source"]) for cell in json.loads(path.read_text())["cells"]]
+        assert max(map(len, sources)) <= feedback.SOURCE_CHARS / 2, path.name
+        assert sum(map(len, sources)) <= feedback.SOURCE_TOTAL / 2, path.name
+
+
 def test_the_verdict_says_plainly_which_tests_passed_and_is_not_one_long_line():
     release = {"cells": [{"cell_type": "code", "metadata": {"nbgrader": {"grade_id": "p1_tests", "grade": True,
                                                                           "points": 2}}, "source": "check()"}],
