@@ -624,6 +624,13 @@ def test_markdown_links_no_bare_address_and_renders_emphasis_runs_as_text():
                  "x" * 40 + "://a.b", "a." * 10_000 + "http://x.y"):  # red team 27: a pattern was quadratic in a.a.
         html = markdown2html_mistune(feedback.inert_markdown(text))
         assert "<a " not in html and "//" in html.replace("\u200b", ""), html[-200:]
+    with feedback.plain_fences():  # red team 28: a fence's info string chose any of pygments' lexers
+        for info in ("easytrieve", "python", "mermaid"):
+            html = markdown2html_mistune(feedback.inert_markdown(f"notes\n\n```{info}\nx = 1\t\t\n```\n"))
+            assert "<pre><code>x = 1" in html and "highlight" not in html and "mermaid" not in html, html
+    assert "highlight" in markdown2html_mistune("```python\nx = 1\n```\n")  # the patch is undone
+    assert feedback.feedback_notebook({"cells": []}, {"cells": [], "metadata": {"language_info": {
+        "name": "python", "pygments_lexer": "ipython3"}}}, {}, {})["metadata"]["language_info"] == feedback.LANGUAGE_INFO
     stars = "*" * 60 + "a"
     assert feedback.inert_markdown(stars) == "\\*" * 60 + "a"
     assert markdown2html_mistune(feedback.inert_markdown(stars)).count("*") == 60  # shown as written

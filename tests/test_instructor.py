@@ -217,6 +217,10 @@ def test_pack_feedback_names_each_students_page_for_upload(tmp_path):
         page = course / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html"
         page.parent.mkdir(parents=True)
         page.write_text(f"<html>feedback for {student}</html>")
+    # Jane's as nbgrader wrote it, never finished: the grading was stopped (red team 28, A08)
+    raw = ('<html><head><script src="https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/latest.js?config=TeX">'
+           '</script></head><body>Grade cell: <code>p1_tests</code></body></html>')
+    (course / "feedback" / "jane" / ASSIGNMENT / f"{ASSIGNMENT}.html").write_text(raw)
     fabricate.write_submission(course, ASSIGNMENT, "late_lee", {})  # handed in, not graded yet
     result = subprocess.run([sys.executable, "-m", "grader", "pack-feedback", ASSIGNMENT,
                              "--course", str(course), "--out", str(tmp_path / "upload")], cwd=ROOT, capture_output=True, text=True)
@@ -224,6 +228,8 @@ def test_pack_feedback_names_each_students_page_for_upload(tmp_path):
     pages = tmp_path / "upload" / ASSIGNMENT
     assert sorted(p.name for p in pages.iterdir()) == [f"jane_{ASSIGNMENT}.html", f"omar_{ASSIGNMENT}.html"]
     assert (pages / f"omar_{ASSIGNMENT}.html").read_text() == "<html>feedback for omar</html>"
+    jane = (pages / f"jane_{ASSIGNMENT}.html").read_text()
+    assert "mathjax" not in jane and "Tests of Part 1" in jane and feedback.WRAP_STYLE in jane, jane
     with zipfile.ZipFile(tmp_path / "upload" / f"{ASSIGNMENT}-feedback.zip") as archive:
         assert sorted(archive.namelist()) == [f"jane_{ASSIGNMENT}.html", f"omar_{ASSIGNMENT}.html"]
     assert "NO FEEDBACK for late_lee" in result.stdout
