@@ -235,6 +235,8 @@ def grade(course: Path, assignment: str, students: list[str] | None = None, *, s
                     student = futures[future]
                     try:
                         result = future.result()
+                    except GraderProblem as error:  # the reference's, or the machine's: no grade written
+                        failed(report, student, str(error)[:500])
                     except Exception as error:  # noqa: BLE001  the grader's failure: this student only
                         failed(report, student, f"the grader failed on this submission: {error!r}"[:500])
                     else:
@@ -283,6 +285,12 @@ def gradable(course, assignment, student, source, release) -> tuple[dict | None,
     return submission, None, renamed
 
 
+class GraderProblem(Exception):
+    """Grading one student failed on the instructor's side (the reference solution fails its own
+    tests on their inputs, or its run failed): not graded, no grade written, graded again by the next
+    run (review 71: it was recorded as 0, kept by later runs and exported)."""
+
+
 def grade_student(course, assignment, student, template, source, release, secret, timeout, sandbox, execute,
                   reference=None, batched=None):
     """(verdicts or None, the notebook as run (or as submitted), problem, note, review flags) for one
@@ -319,6 +327,8 @@ def grade_student(course, assignment, student, template, source, release, secret
                 records[who] = batched[1]
                 continue
             records[who], problem = run_hidden_tests(Path(scratch) / who, job, sandbox, timeout, library[who])
+            if problem and who == "reference":
+                raise GraderProblem(f"the hidden-test runner (reference) {problem}")
             if problem:
                 return None, ran, f"the hidden-test runner ({who}) {problem}", note, flags
         for part, why in record_flags(jobs[1][1], records["student"]).items():
@@ -327,7 +337,7 @@ def grade_student(course, assignment, student, template, source, release, secret
             verdicts = judge.judge(records["reference"], records["student"])
             return with_test_cell_names(verdicts, release, jobs[1][1]), ran, None, note, flags
         except judge.ReferenceProblem as error:
-            return None, ran, f"the instructor's reference solution fails its own tests: {error}", note, flags
+            raise GraderProblem(f"the instructor's reference solution fails its own tests: {error}") from None
 
 
 # A part's tests that ran past their time with cells the student added: a try-out a GPU runs in

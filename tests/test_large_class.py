@@ -636,9 +636,28 @@ def test_one_reference_run_per_worker_and_a_failed_one_leaves_its_students_runs_
     assert ran == ["reference", "student"] and problem is None and all(v["passed"] for v in verdicts.values())
     # a reference that stopped on this student's secret: not graded, the instructor's problem
     stopped = {**passing, "p2_tests": {"observations": [], "stopped": "RuntimeError: only on this secret"}}
-    verdicts, _, problem, _, _ = grade(stopped)
-    assert verdicts is None and "the instructor's reference solution fails its own tests" in problem
-    assert "only on this secret" in problem
+    with pytest.raises(schedule.GraderProblem, match="reference solution fails its own tests: .*only on this secret"):
+        grade(stopped)
+    reference_run = None  # and a reference run that fails
+
+    def failing_reference(folder, job, sandbox, timeout, library=None):
+        return (None, "was killed: it ran past its time") if folder.name == "reference" else (answers, None)
+
+    monkeypatch.setattr(schedule, "run_hidden_tests", failing_reference)
+    with pytest.raises(schedule.GraderProblem, match=r"hidden-test runner \(reference\) was killed"):
+        grade(None)
+    # graded in a class: named with the reason, no grade written (review 71: it was written as 0, kept
+    # by the next runs and exported), graded again by the next run
+    monkeypatch.setattr(schedule, "reference_records", lambda *args, **kwargs: {})
+
+    def refused(*args, **kwargs):
+        raise schedule.GraderProblem("the instructor's reference solution fails its own tests: only on this secret")
+
+    monkeypatch.setattr(schedule, "grade_student", refused)
+    course = course_of(tmp_path / "real", {"ada": {}})
+    report = schedule.grade(course, ASSIGNMENT, sandbox=False, workers=1, feedback=False)
+    assert "reference solution fails its own tests" in report.not_graded["ada"] and "ada" in report.unwritten
+    assert "ada" not in report.scores and "ada" not in gradebook.scores(course, ASSIGNMENT)
 
 
 @needs_sandbox
