@@ -52,6 +52,7 @@ import subprocess
 import sys
 import unicodedata
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 from nbgrader.plugins import FileNameCollectorPlugin
@@ -395,8 +396,12 @@ def unpack(download: Path, into: Path, parse=None) -> dict[str, str]:
         if why is None and (count >= NOTEBOOKS_PER_STUDENT or total + size > BYTES_PER_STUDENT):
             why = TOO_MANY
         if why is None:
-            with opened() as source:
-                data = source.read(NOTEBOOK_BYTES + 1)  # a zip's stated size may lie
+            try:
+                with opened() as source:
+                    data = source.read(NOTEBOOK_BYTES + 1)  # a zip's stated size may lie
+            except (zipfile.BadZipFile, zlib.error, EOFError) as error:  # this file only (red team 29, A3)
+                skipped[name] = f"damaged in the download ({error}): download it again, or collect it by hand"
+                continue
             read[whose] = (count + 1, total + len(data))
             if len(data) > NOTEBOOK_BYTES:
                 why = f"larger than {NOTEBOOK_BYTES // 2**20} MiB"

@@ -527,3 +527,19 @@ def test_a_folder_named_as_a_notebook_is_not_taken_for_one(tmp_path):
         f"Bob Lee_5501021_assignsubmission_file_/{A}.ipynb": "bob"}), "moodle")
     assert collected(course) == {"mallory_doe_5501020": "mallory", "bob_lee_5501021": "bob"}, said
     assert "collected instead" not in said, said
+
+
+def test_a_file_damaged_in_the_download_is_skipped_and_named_and_the_others_are_collected(tmp_path):
+    """Red team 29, A3: one member whose bytes do not match its checksum stopped the whole `collect`
+    ("cannot read the download: Bad CRC-32"), no student collected."""
+    import zipfile
+    from grader import collect
+    download = tmp_path / "download.zip"
+    with zipfile.ZipFile(download, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("ann_1_2_ex.ipynb", '{"cells": [], "marker": "DAMAGED-HERE"}')
+        archive.writestr("bob_3_4_ex.ipynb", '{"cells": []}')
+    data = download.read_bytes()
+    download.write_bytes(data.replace(b"DAMAGED-HERE", b"damaged-here"))  # the checksum no longer matches
+    skipped = collect.unpack(download, tmp_path / "into")
+    assert list(skipped) == ["ann_1_2_ex.ipynb"] and "damaged in the download" in skipped["ann_1_2_ex.ipynb"]
+    assert (tmp_path / "into" / "bob_3_4_ex.ipynb").read_text() == '{"cells": []}'
