@@ -43,7 +43,9 @@ import hashlib
 import inspect
 import math
 import contextlib
+import _signal
 import gc
+import signal
 import sys
 import threading
 import types
@@ -94,6 +96,13 @@ _PROFILING = (sys.setprofile, sys.settrace, sys.getprofile, sys.gettrace, thread
 # in a `__del__` there, full marks, unflagged). A collection the answer starts itself runs its
 # finalizers where the watchers see them.
 _COLLECTOR = (gc.enable, gc.disable, gc.isenabled)
+# Signal handlers, as imported: a Python handler runs at the next instruction wherever the signal
+# arrives, inside a watcher's callback too, where CPython profiles nothing (review 72: a timer every
+# 0.5 ms, and a handler that computed the library's softmax there, unseen). A handler of the answer's
+# (its code outside the installed packages and the standard library) is itself a call the part
+# forbids, found before and after each watched call, and so is setting one while watched.
+_SIGNALS = (signal.getsignal, _signal.signal, tuple(signal.valid_signals()))  # _signal's: the C function
+_HANDLER_SET = "(a signal handler of yours was set: it runs where the grader's call watcher sees nothing)"
 _ORIGINALS = {(owner, name): getattr(owner, name) for owner, names in _GUARDED.items()
               for name in names}
 _MODULES = (np, torch, sys, math)  # as imported, before any student code
@@ -295,6 +304,27 @@ _LIBRARY_DIRS = tuple(sorted({str(Path(p).resolve()) for p in (sys.prefix, sys.b
                              - {"/"}))  # a Python installed at / would make every file a library's
 
 
+def _answer_handlers() -> bool:
+    """Whether a signal has a Python handler whose code is the answer's (not a package's or the
+    standard library's); read without running any of the answer's code."""
+    getsignal, _, signals = _SIGNALS
+    for number in signals:
+        try:
+            handler = getsignal(number)
+        except (ValueError, OSError):
+            continue
+        if handler is None or type(handler) in (int, signal.Handlers, types.BuiltinFunctionType):
+            continue  # SIG_DFL, SIG_IGN, not set from Python, or C (default_int_handler)
+        function = handler.__func__ if type(handler) is types.MethodType else handler
+        if type(function) is not types.FunctionType:
+            return True  # an object of the answer's with a __call__
+        filename = function.__code__.co_filename
+        path = str(Path(filename).resolve()) if type(filename) is str and filename.startswith("/") else ""
+        if not path.startswith(_LIBRARY_DIRS):
+            return True
+    return False
+
+
 @contextlib.contextmanager
 def _watch_calls_into(directory: Path, excluded: Path, forbidden: frozenset[str]):
     """Yield a list that fills with the mpcourse functions (and forbidden torch functions) called
@@ -336,6 +366,8 @@ def _watch_calls_into(directory: Path, excluded: Path, forbidden: frozenset[str]
             elif what:
                 calls.append(what)
         elif event == "c_call":
+            if arg is set_handler:
+                calls.append(_HANDLER_SET)
             name = getattr(arg, "__name__", None)
             if name not in c_names:
                 c_names[name] = f"torch.{name}" if _is_forbidden(name, forbidden) else None
@@ -354,6 +386,9 @@ def _watch_calls_into(directory: Path, excluded: Path, forbidden: frozenset[str]
 
     setprofile, settrace, getprofile, gettrace, threads_setprofile = _PROFILING  # as imported (red team 16f)
     gc_enable, gc_disable, gc_isenabled = _COLLECTOR
+    set_handler = _SIGNALS[1]
+    if _answer_handlers():
+        calls.append(_HANDLER_SET)
     saved = (getprofile(), gettrace(), sys.setprofile, sys.settrace, gc_isenabled(), gc.enable)
     gc_disable()
     gc.enable = refuse_collector
@@ -376,6 +411,8 @@ def _watch_calls_into(directory: Path, excluded: Path, forbidden: frozenset[str]
             gc_enable()
         if not still_ours:
             calls.append("(the grader's call watcher was switched off)")
+        if _HANDLER_SET not in calls and _answer_handlers():
+            calls.append(_HANDLER_SET)
 
 
 @contextlib.contextmanager

@@ -51,6 +51,46 @@ def test_own_work_restores_the_previous_profiler():
     assert after is hook
 
 
+def test_a_signal_handler_of_the_answers_fails_own_work_whenever_it_was_set():
+    """Review 72: a Python signal handler runs wherever its signal arrives, inside the watcher's own
+    callback too, where nothing is profiled: a timer every 0.5 ms and a handler that computed the
+    library's softmax there went unseen. A handler of the answer's fails the part, set before the
+    call or inside it; the packages' and the standard library's own handlers do not."""
+    import logging
+    import signal
+
+    def answer(x):
+        for _ in range(2000):
+            x = x + 0.0
+        return x
+
+    def handler(signum, frame):
+        stolen.append(stable_softmax(torch.randn(4)))
+
+    def sets_and_resets(x):
+        signal.signal(signal.SIGUSR1, handler)
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        return x
+
+    stolen = []
+    try:
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
+        with pytest.raises(AssertionError, match="a signal handler of yours was set"):
+            grading.own_work(answer, torch.zeros(4))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    with pytest.raises(AssertionError, match="a signal handler of yours was set"):
+        grading.own_work(sets_and_resets, 1.0)
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+    try:
+        signal.signal(signal.SIGUSR2, logging.shutdown)  # a Python handler of the standard library's
+        assert grading.own_work(answer, torch.zeros(4)).sum() == 0
+    finally:
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+
+
 def test_own_work_notices_when_its_watcher_is_switched_off():
     def switches_it_off():
         sys.setprofile(None)
