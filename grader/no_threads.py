@@ -17,6 +17,7 @@ forbids, unwatched. After `forbid()` the kernel refuses them, whatever the proce
   `pthread_create` all come down to it), `fork` and `vfork` with EAGAIN, and `clone3` with ENOSYS
   (so that the C library falls back to `clone`, refused as well). A seccomp filter cannot be
   removed or loosened by the process, nor by its children: it lasts until the process ends;
+- `execve` and `execveat` fail with EPERM: a new program in the same process would run unwatched;
 - a system call of another architecture's numbering (`int 0x80`'s i386 table, the x32 one on
   x86_64) is refused with EPERM, whatever it is: the filter knows one table per machine;
 - a machine whose table this module does not know is refused before anything runs (`problem`).
@@ -47,6 +48,10 @@ MACHINES = {
     "x86_64": (0xC000003E, {"clone": 56, "fork": 57, "vfork": 58}, 435, 0x40000000),
     "aarch64": (0xC00000B7, {"clone": 220}, 435, None),
 }
+# And `execve`, `execveat`: a new program in this process, unwatched, could compute the answers and
+# write a record of them (review 74: after forbid(), os.execv ran a fresh Python with no profiler).
+EXECS = {"x86_64": {"execve": 59, "execveat": 322}, "aarch64": {"execve": 221, "execveat": 281}}
+PROGRAMS_REFUSED = "other programs cannot be run while your work is graded"
 PR_SET_NO_NEW_PRIVS, PR_GET_SECCOMP = 38, 21
 SECCOMP_SET_MODE_FILTER = 1
 SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
@@ -62,7 +67,8 @@ def _instruction(code: int, jt: int, jf: int, k: int) -> bytes:
 def program(machine: str) -> bytes:
     """The filter for `machine`, as the kernel's `struct sock_filter` array."""
     _, refused, clone3, _ = MACHINES[machine]
-    return refusing(machine, {clone3: errno.ENOSYS, **{number: errno.EAGAIN for number in refused.values()}})
+    return refusing(machine, {clone3: errno.ENOSYS, **{number: errno.EAGAIN for number in refused.values()},
+                              **{number: errno.EPERM for number in EXECS[machine].values()}})
 
 
 def refusing(machine: str, refused: dict[int, int], socket_call: int | None = None,
@@ -102,7 +108,8 @@ def problem() -> str | None:
 
 def _refuse(message: str, kind=RuntimeError):
     def refused(*args, **kwargs):
-        raise kind(message) if kind is RuntimeError else kind(errno.EAGAIN, message)
+        raise kind(message) if kind is RuntimeError else kind(
+            errno.EPERM if kind is PermissionError else errno.EAGAIN, message)
     return refused
 
 
@@ -117,6 +124,8 @@ def _replace_python_ways_in() -> None:
     for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp"):
         if hasattr(os, name):
             setattr(os, name, _refuse(PROCESSES_REFUSED, BlockingIOError))
+    for name in ("execv", "execve"):  # os.execl, execlp, execvp, ... call these
+        setattr(os, name, _refuse(PROGRAMS_REFUSED, PermissionError))
     try:
         import _posixsubprocess
         _posixsubprocess.fork_exec = _refuse(PROCESSES_REFUSED, BlockingIOError)

@@ -23,11 +23,13 @@ ATTEMPTS = {  # label: a statement that starts a thread or a process
     "subprocess": "subprocess.run(['/bin/true'])",
     "multiprocessing": "multiprocessing.get_context('fork').Pool(1).apply(int)",
     "posix_spawn": "os.posix_spawn('/bin/true', ['true'], {})",
+    "exec": "os.execv(sys.executable, [sys.executable, '-c', 'print(1)'])",  # review 74: a new program, unwatched
 }
 # Python's functions kept from before the filter, restored: the kernel's refusal remains.
 KEPT = {
     "kept _thread": "originals[0](int, ())",
     "kept fork": "pid = originals[1]()\nif pid == 0: os._exit(0)",
+    "kept exec": "originals[3](sys.executable, [sys.executable, '-c', 'print(1)'])",
     "restored spawn": ("_posixsubprocess.fork_exec = subprocess._fork_exec = originals[2]\n"
                        "multiprocessing.get_context('spawn').Process(target=int).start()"),
 }
@@ -38,7 +40,7 @@ import numpy, torch, no_threads
 a = numpy.random.rand(800, 800)
 a @ a  # NumPy's OpenBLAS pool started (a fork ends it; it restarts lazily), torch's too
 torch.randn(500, 500) @ torch.randn(500, 500)
-originals = (_thread.start_new_thread, os.fork, subprocess._fork_exec)
+originals = (_thread.start_new_thread, os.fork, subprocess._fork_exec, os.execv)
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 out = {{}}
@@ -64,7 +66,8 @@ if pid == 0:
         callback = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(lambda arg: None)
         out['pthread_create'] = ctypes.CDLL('libc.so.6').pthread_create(ctypes.byref(tid), None, callback, None)
         for name, number, flags in [('clone', 56, 17), ('clone thread', 56, 0x50f00), ('fork', 57, 0), ('vfork', 58, 0),
-                                    ('clone3', 435, 0), ('x32 clone', 0x40000000 | 56, 17)]:
+                                    ('clone3', 435, 0), ('x32 clone', 0x40000000 | 56, 17), ('execve', 59, 0),
+                                    ('execveat', 322, 0)]:
             result = libc.syscall(number, flags, 0, 0, 0, 0)
             if result == 0:
                 os._exit(0)
@@ -102,13 +105,15 @@ def outcome():
 
 @pytest.mark.parametrize("label", ATTEMPTS)
 def test_a_thread_or_a_process_is_refused_with_a_message_saying_why(outcome, label):
-    why = no_threads.PROCESSES_REFUSED if label in ("fork", "subprocess", "multiprocessing", "posix_spawn") else no_threads.THREADS_REFUSED
+    why = (no_threads.PROCESSES_REFUSED if label in ("fork", "subprocess", "multiprocessing", "posix_spawn") else
+           no_threads.PROGRAMS_REFUSED if label == "exec" else no_threads.THREADS_REFUSED)
     assert why in outcome[label], outcome[label]
 
 
 @pytest.mark.parametrize("label", KEPT)
 def test_the_kernel_refuses_what_python_functions_kept_from_before_try(outcome, label):
-    assert "can't start new thread" in outcome[label] or "Resource temporarily unavailable" in outcome[label], outcome[label]
+    assert ("can't start new thread" in outcome[label] or "Resource temporarily unavailable" in outcome[label]
+            or label == "kept exec" and "Operation not permitted" in outcome[label]), outcome[label]
 
 
 def test_the_maths_still_work_on_one_thread_however_many_the_libraries_or_the_answer_wanted(outcome):
@@ -122,6 +127,7 @@ def test_the_system_calls_themselves_are_refused_and_the_filter_cannot_be_undone
     for name in ("clone", "clone thread", "fork", "vfork"):
         assert outcome[f"sys {name}"] == [-1, "EAGAIN"], name
     assert outcome["sys clone3"] == [-1, "ENOSYS"] and outcome["sys x32 clone"] == [-1, "EPERM"]
+    assert outcome["sys execve"] == outcome["sys execveat"] == [-1, "EPERM"]  # not EFAULT: refused before the path is read
     assert outcome["int80 getpid"] == -1  # -EPERM, not a pid
     assert outcome["disable"] == [-1, "EINVAL"] and outcome["status"] == "2" and outcome["fork after"] == -1
 
