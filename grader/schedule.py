@@ -319,6 +319,9 @@ def grade_student(course, assignment, student, template, source, release, secret
             library = {"reference": None, "student": library_copy(declared(source), Path(scratch) / "library")}
         except (ValueError, SyntaxError) as error:
             return None, ran, f"the exercise's tests cannot be graded (fix them in solutions/): {error}", note, flags
+        except RecursionError:  # the student's code, nested past what the grader reads (red team 30, A02)
+            return None, ran, ("its code nests blocks deeper than the grader reads (a long elif chain, say): "
+                               "read it by hand"), note, flags
         for who, job in jobs:
             if who == "reference" and reference is not None:  # computed before the students' runs
                 records[who] = reference

@@ -87,7 +87,8 @@ def stub(path: str, name: str, is_class: bool, helper_of: str = "") -> ast.stmt:
     raising = f"raise AttributeError({message!r})"
     code = (f"class {name}:\n    def __new__(cls, *args, **kwargs):\n        {raising}\n" if is_class
             else f"def {name}(*args, **kwargs):\n    {raising}\n")
-    return ast.parse(code).body[0]
+    with PARSING:  # as every parse of the grader's: unlocked, it raised SystemError in another student's (red team 30, A08)
+        return ast.parse(code).body[0]
 
 
 LAZY = """

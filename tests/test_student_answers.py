@@ -1580,3 +1580,13 @@ def test_red_team_23_padding_or_a_finalizer_hides_nothing_from_the_review_flags(
     assert any("finalizer" in why for why in flags("class _Bin:\n    def __del__(self):\n        pass\n"))
     assert any("finalizer" in why for why in flags("import weakref\nweakref.finalize(object(), print)\n"))
     assert flags(fabricate.solution_cells("ex4_softmax_stability")["p3_solution"]) == []
+
+
+def test_a_long_elif_chain_in_an_answer_cell_is_graded_as_earned():
+    """Red team 30, A02: 1,000 `elif`s (20,000 characters, under every limit) raised RecursionError
+    in the grader's own process while it read which names the cell defines: the student stayed
+    ungraded on every run, and a re-submission of a graded student blocked the class's export."""
+    chain = "if __name__ == '':\n    pass\n" + "".join(f"elif __name__ == '{i}':\n    pass\n" for i in range(1, 1000))
+    solution = fabricate.solution_cells("ex4_softmax_stability")["p1_solution"]
+    verdicts = run("ex4_softmax_stability", {"p1_solution": solution + "\n" + chain}, only="p1")[0]
+    assert verdicts["p1_tests"]["passed"], verdicts["p1_tests"]
