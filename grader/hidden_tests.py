@@ -498,7 +498,7 @@ def run_job(job: dict) -> None:
             text = json.dumps(record)
             if written + len(text) > RESULT_BYTES and "secrets" not in job:  # a batch stops by itself (batched)
                 text = json.dumps(refused(f"wrote a record that took the parts' records past what the grader "
-                                          f"reads ({RESULT_BYTES // 2**20} MB in all)"))
+                                          f"reads ({RESULT_BYTES // 2**20} MiB in all)"))
             written += len(text)
             print(f"RECORD\t{json.dumps([number, test_id])}\t{text}")
     print(f"RESULT {len(results)}", flush=True)

@@ -201,7 +201,7 @@ def example(name: str) -> bool:
 
 def parse_notebook(data: bytes) -> dict:
     if len(data) > NOTEBOOK_BYTES:
-        raise ValueError(f"the notebook is larger than {NOTEBOOK_BYTES // 2**20} MB")
+        raise ValueError(f"the notebook is larger than {NOTEBOOK_BYTES // 2**20} MiB")
     if sum(data.count(mark) for mark in (b"[", b"{", b",", b":")) > NOTEBOOK_VALUES:
         raise ValueError(f"the notebook holds more than {NOTEBOOK_VALUES:,} JSON values, more than a "
                          "notebook needs: clear its outputs (Jupyter: Edit, Clear Outputs of All Cells) "
@@ -251,7 +251,7 @@ def malformed(cell: dict) -> str | None:
 def read_notebook(path: Path) -> dict:
     """A notebook of the instructor's (source, release) or of the grader's own making."""
     if path.stat().st_size > NOTEBOOK_BYTES:
-        raise ValueError(f"the notebook is larger than {NOTEBOOK_BYTES // 2**20} MB")
+        raise ValueError(f"the notebook is larger than {NOTEBOOK_BYTES // 2**20} MiB")
     return parse_notebook(path.read_bytes())
 
 

@@ -219,7 +219,7 @@ def record_problem(text: bytes) -> str | None:
     RECORD_BYTES, or more values than RECORD_VALUES (counted, without parsing, as the text's `[`, `{`,
     `,` and `:`, at least one per value or key beyond the first)."""
     if len(text) > RECORD_BYTES:
-        return f"wrote a record larger than the grader reads ({RECORD_BYTES // 2**20} MB)"
+        return f"wrote a record larger than the grader reads ({RECORD_BYTES // 2**20} MiB)"
     if sum(text.count(mark) for mark in (b"[", b"{", b",", b":")) > RECORD_VALUES:
         return f"wrote a record of more values than the grader reads ({RECORD_VALUES:,})"
     return None

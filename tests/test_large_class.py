@@ -674,4 +674,4 @@ def test_a_part_whose_record_is_too_large_to_read_is_flagged_and_costs_that_part
     graded = gradebook.scores(course, ASSIGNMENT)["inflated"]
     assert graded == {**points(), "p1_tests": 0.0}, graded
     assert report.flags["inflated"]["p1"] == ["made the part's record unreadable: wrote a record larger than the "
-                                              "grader reads (16 MB)"], report.flags
+                                              "grader reads (16 MiB)"], report.flags

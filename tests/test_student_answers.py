@@ -1037,7 +1037,7 @@ def test_a_record_inflated_past_what_the_tests_need_is_refused_for_its_part_only
     records, peak = peak_of(lambda: runs.run_hidden_tests(tmp_path / "run", job, sandbox.problem() is None, 60))
     records, problem = records
     assert problem is None, problem
-    assert records["p1_tests"]["stopped"] == "the tests of this part wrote a record larger than the grader reads (16 MB)"
+    assert records["p1_tests"]["stopped"] == "the tests of this part wrote a record larger than the grader reads (16 MiB)"
     assert records["p1_tests"]["refused"] and records["p1_tests"]["observations"] == []
     assert records["p2_tests"]["stopped"] is None and len(records["p2_tests"]["observations"]) == 1
     assert peak < 8 * 2**20, peak  # parsed, the 20 MB took ~600 MB of Python objects
@@ -1058,7 +1058,7 @@ def test_a_students_records_together_stop_before_the_result_pipe_is_full():
     records = runner(job)
     assert [len(records[f"p{n}_tests"]["observations"]) for n in (1, 2, 3, 4)] == [1, 1, 1, 0]
     assert records["p4_tests"]["stopped"] == ("the tests of this part wrote a record that took the parts' records "
-                                              "past what the grader reads (48 MB in all)")
+                                              "past what the grader reads (48 MiB in all)")
 
 
 def test_the_grader_reads_no_record_past_its_bounds_whatever_the_runner_sent():
@@ -1075,7 +1075,7 @@ def test_the_grader_reads_no_record_past_its_bounds_whatever_the_runner_sent():
     output = output.encode()
     (records, problem), peak = peak_of(lambda: runs.read_records(output, job))
     assert problem is None
-    assert records["p1_tests"]["stopped"].endswith("wrote a record larger than the grader reads (16 MB)")
+    assert records["p1_tests"]["stopped"].endswith("wrote a record larger than the grader reads (16 MiB)")
     assert records["p2_tests"]["stopped"].endswith("wrote a record of more values than the grader reads (250,000)")
     assert records["p3_tests"]["stopped"] == "the tests of this part sent back a damaged record"  # too deep
     assert all(records[t]["refused"] for t in ("p1_tests", "p2_tests"))
