@@ -82,19 +82,22 @@ def torch_readers(torch) -> tuple:
     global _TORCH_READERS
     if _TORCH_READERS is None:
         _TORCH_READERS = (torch._C.TensorBase, torch._C.DisableTorchFunction, torch._C._DisableTorchDispatch,
-                          torch.float64)
+                          torch.float64, torch.complex128)
     return _TORCH_READERS
 
 
 def tensor_values(tensor) -> tuple[str, str, np.ndarray]:
-    """(dtype, device type, float64 values on the CPU; a complex tensor's magnitudes) of `tensor`."""
-    base, no_functions, no_dispatch, float64 = torch_readers(sys.modules["torch"])
+    """(dtype, device type, float64 values on the CPU) of `tensor`; a complex tensor's are its real and
+    imaginary parts, in a last dimension of 2 (its magnitudes alone made z, conj(z) and 1j*z one value)."""
+    base, no_functions, no_dispatch, float64, complex128 = torch_readers(sys.modules["torch"])
     with no_functions(), no_dispatch():
         tensor = base.detach(tensor)
         dtype, device = base.dtype.__get__(tensor), base.device.__get__(tensor)
         cpu = base.cpu(tensor)
-        values = base.to(base.abs(cpu) if base.is_complex(cpu) else cpu, float64)
-        return str(dtype), device.type, base.numpy(values)
+        if base.is_complex(cpu):
+            values = base.numpy(base.resolve_neg(base.resolve_conj(base.to(cpu, complex128))))
+            return str(dtype), device.type, np.stack([values.real, values.imag], axis=-1)
+        return str(dtype), device.type, base.numpy(base.to(cpu, float64))
 
 
 def numbers_of(record: dict) -> np.ndarray | str:

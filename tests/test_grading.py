@@ -151,6 +151,18 @@ def test_assert_close_accepts_equal_values_and_names_the_difference():
         grading.assert_close("1.0", 1.0)
 
 
+def test_a_complex_tensor_is_compared_by_its_real_and_imaginary_parts():
+    """Review 79: recorded as magnitudes, z, conj(z) and 1j*z were one value."""
+    from mpcourse import records
+    z = torch.tensor([1 + 2j, -3 + 0.5j])
+    grading.assert_close(z.conj(), torch.tensor([1 - 2j, -3 - 0.5j]))  # a lazy conjugate is read as its values
+    for wrong in (z.conj(), 1j * z, -z.conj()):
+        with pytest.raises(AssertionError, match="differs"):
+            grading.assert_close(wrong, z)
+        assert not records.same_data(records.data(z), records.data(wrong))
+    assert records.same_data(records.data(z), records.data(z.clone()))
+
+
 def test_torchs_own_wrappers_are_not_tampering():
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # imports torch._dynamo, which wraps manual_seed
     grading.start("Part 1")
