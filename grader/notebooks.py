@@ -203,9 +203,9 @@ def parse_notebook(data: bytes) -> dict:
     if len(data) > NOTEBOOK_BYTES:
         raise ValueError(f"the notebook is larger than {NOTEBOOK_BYTES // 2**20} MiB")
     if sum(data.count(mark) for mark in (b"[", b"{", b",", b":")) > NOTEBOOK_VALUES:
-        raise ValueError(f"the notebook holds more than {NOTEBOOK_VALUES:,} JSON values, more than a "
-                         "notebook needs: clear its outputs (Jupyter: Edit, Clear Outputs of All Cells) "
-                         "and hand it in again")
+        raise ValueError(f"the notebook's file holds more than {NOTEBOOK_VALUES:,} of the characters [ {{ , : "
+                         "(printed outputs included), more than a notebook needs: clear its outputs (Jupyter: Edit, "
+                         "Clear Outputs of All Cells) and hand it in again")
     if data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # red team 45h, A03: an editor's "Unicode" (UTF-16) save
         raise ValueError("the file is UTF-16 text, which Jupyter does not open: open the notebook in Jupyter "
                          "or Colab, save it there (UTF-8) and hand it in again")
@@ -213,7 +213,10 @@ def parse_notebook(data: bytes) -> dict:
         nb = json_data(data.decode(errors="replace").removeprefix("\ufeff"))  # a byte-order mark: Notepad's
     except RecursionError:
         raise ValueError("the file nests too deeply to be a notebook") from None
-    except ValueError:
+    except ValueError as error:
+        if "integer string conversion" in str(error):  # red team 31: valid JSON, beyond Python's (and Jupyter's) reach
+            raise ValueError("the file holds a number of more than 4,300 digits, which Jupyter cannot read either: "
+                             "open the notebook in Jupyter or Colab, save it there and hand it in again") from None
         raise ValueError("the file is not a Jupyter notebook (not JSON)") from None
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise ValueError("the file is not a Jupyter notebook (no list of cells)")

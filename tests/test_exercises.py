@@ -323,8 +323,11 @@ def test_malformed_submissions_are_refused_clearly_not_with_a_crash(tmp_path):
     # Red team 45d, A07: millions of empty lists in a cell's metadata are refused before parsing (they
     # took the grader's own process to 1.7 GB); a million printed lines of output are read
     bomb = json.dumps(good)[:-1] + ', "x": [' + "[]," * 2_100_000 + "[]]}"
-    with pytest.raises(ValueError, match="more than 2,000,000 JSON values"):
+    with pytest.raises(ValueError, match=re.escape("more than 2,000,000 of the characters [ { , : (printed outputs")):
         notebooks.parse_notebook(bomb.encode())
+    # red team 31: valid JSON with a number Python's json (and so Jupyter) refuses to read
+    with pytest.raises(ValueError, match="a number of more than 4,300 digits"):
+        notebooks.parse_notebook((json.dumps(good)[:-1] + ', "n": ' + "7" * 5000 + "}").encode())
     printed = {**cell, "outputs": [{"output_type": "stream", "name": "stdout", "text": ["x\n"] * 1_000_000}]}
     assert len(notebooks.parse_notebook(json.dumps({**good, "cells": [printed]}).encode())["cells"][0]["outputs"][0]["text"]) == 1_000_000
 
