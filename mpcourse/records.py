@@ -38,7 +38,7 @@ def data(value, depth: int = 0):
     """`value` as JSON data that says what it is: numbers exactly, tensors and arrays with dtype,
     shape and device, containers item by item, anything else by its type's name."""
     if depth > 8:
-        return {"other": "nested too deeply"}
+        return dict(TOO_DEEP)
     if value is None or type(value) is bool:
         return value
     if type(value) is str:  # a subclass of str falls through to "other"
@@ -71,6 +71,7 @@ def data(value, depth: int = 0):
     return {"other": type(value).__name__}
 
 
+TOO_DEEP = {"other": "nested too deeply"}  # a value's record below 8 levels of containers
 _TORCH_READERS = None  # torch's, as first imported: held before any student code runs (mpcourse.grading)
 
 
@@ -114,7 +115,10 @@ def numbers_of(record: dict) -> np.ndarray | str:
 def same_data(expected, got) -> bool:
     """Whether two `data` records hold the same value: exactly, except that an int and a float of
     one value are the same (a task's `0.0` answered `0` cost a part: red team 45g, A03 and A04),
-    also inside lists, tuples and dicts. A bool is not a number here, nor NaN equal to any int."""
+    also inside lists, tuples and dicts. A bool is not a number here, nor NaN equal to any int. A
+    value nested too deeply to record equals nothing (review 81: any two were equal)."""
+    if TOO_DEEP in (expected, got):
+        return False
     if isinstance(expected, dict) and isinstance(got, dict):
         if {*expected, *got} == {"int", "float"} and len(expected) == len(got) == 1:
             try:
@@ -169,6 +173,8 @@ def difference(expected, got) -> str:
                 at = tuple(int(i) for i in np.argwhere(differ)[0])
                 return (f"{prefix}at index {list(at)}: expected {float(want[at])!r}, got {float(have[at])!r} "
                         f"({int(differ.sum())} of {want.size} values differ)")
+    if expected == got:  # equal records that are not the same value: one nested too deeply to read
+        return f"{prefix}a value nested more than 8 levels deep, too deep to compare"
     return f"{prefix}expected {shown_data(expected)}, got {shown_data(got)}"
 
 

@@ -163,6 +163,19 @@ def test_a_complex_tensor_is_compared_by_its_real_and_imaginary_parts():
     assert records.same_data(records.data(z), records.data(z.clone()))
 
 
+def test_a_value_nested_too_deeply_to_record_equals_nothing():
+    """Review 81: recorded as "nested too deeply", any two such values were equal."""
+    from mpcourse import records
+
+    def nested(x, depth=10):
+        return x if depth == 0 else [nested(x, depth - 1)]
+    assert not records.same_data(records.data(nested(1)), records.data(nested(2)))
+    assert not records.same_data(records.data(nested(1)), records.data(nested(1)))
+    assert records.same_data(records.data(nested(1, 8)), records.data(nested(1, 8)))
+    with pytest.raises(AssertionError):
+        grading.assert_equal(nested(1), nested(2))
+
+
 def test_torchs_own_wrappers_are_not_tampering():
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # imports torch._dynamo, which wraps manual_seed
     grading.start("Part 1")
