@@ -13,6 +13,7 @@ recorded where torch is already imported): the grader's own process, which reads
 records, starts without torch's seconds of import.
 """
 import base64
+import hashlib
 import math
 import sys
 
@@ -42,7 +43,10 @@ def data(value, depth: int = 0):
     if value is None or type(value) is bool:
         return value
     if type(value) is str:  # a subclass of str falls through to "other"
-        return {"str": value[:1000]}
+        if len(value) <= 1000:
+            return {"str": value}
+        whole = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+        return {"str": value[:1000], "chars": len(value), "sha256": whole}  # compared whole (review 83)
     if isinstance(value, np.bool_):
         return bool(value)
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
@@ -64,14 +68,26 @@ def data(value, depth: int = 0):
         return {"array": str(value.dtype), **_numbers(value)}
     if isinstance(value, (tuple, list)):
         items = [data(v, depth + 1) for v in list(value)[:10_000]]
-        return {"tuple" if isinstance(value, tuple) else "list": items}
+        return {"tuple" if isinstance(value, tuple) else "list": items, **_more(value)}
     if isinstance(value, dict):
         return {"dict": sorted(([data(k, depth + 1), data(v, depth + 1)] for k, v in list(value.items())[:10_000]),
-                               key=repr)}
+                               key=repr), **_more(value)}
     return {"other": type(value).__name__}
 
 
 TOO_DEEP = {"other": "nested too deeply"}  # a value's record below 8 levels of containers
+
+
+def _more(container) -> dict:
+    """The items of a container past the 10,000 recorded: its record is then incomplete."""
+    return {"more": len(container) - 10_000} if len(container) > 10_000 else {}
+
+
+def incomplete(record) -> bool:
+    """Whether a record holds less than its value: too many numbers (`too_large`), too many items
+    (`more`) or too deeply nested. Such a record matches nothing (review 83: two lists alike in
+    their first 10,000 items were equal)."""
+    return isinstance(record, dict) and ("too_large" in record or "more" in record or record == TOO_DEEP)
 _TORCH_READERS = None  # torch's, as first imported: held before any student code runs (mpcourse.grading)
 
 
@@ -115,9 +131,9 @@ def numbers_of(record: dict) -> np.ndarray | str:
 def same_data(expected, got) -> bool:
     """Whether two `data` records hold the same value: exactly, except that an int and a float of
     one value are the same (a task's `0.0` answered `0` cost a part: red team 45g, A03 and A04),
-    also inside lists, tuples and dicts. A bool is not a number here, nor NaN equal to any int. A
-    value nested too deeply to record equals nothing (review 81: any two were equal)."""
-    if TOO_DEEP in (expected, got):
+    also inside lists, tuples and dicts. A bool is not a number here, nor NaN equal to any int. An
+    incomplete record (too large, too long or nested too deeply to record whole) equals nothing."""
+    if incomplete(expected) or incomplete(got):
         return False
     if isinstance(expected, dict) and isinstance(got, dict):
         if {*expected, *got} == {"int", "float"} and len(expected) == len(got) == 1:
@@ -173,8 +189,9 @@ def difference(expected, got) -> str:
                 at = tuple(int(i) for i in np.argwhere(differ)[0])
                 return (f"{prefix}at index {list(at)}: expected {float(want[at])!r}, got {float(have[at])!r} "
                         f"({int(differ.sum())} of {want.size} values differ)")
-    if expected == got:  # equal records that are not the same value: one nested too deeply to read
-        return f"{prefix}a value nested more than 8 levels deep, too deep to compare"
+    if expected == got or incomplete(expected) or incomplete(got):  # a record that holds less than its value
+        return (f"{prefix}a value too large to compare (over 2,000,000 numbers, over 10,000 items in a list, "
+                "tuple or dict, or nested more than 8 levels deep)")
     return f"{prefix}expected {shown_data(expected)}, got {shown_data(got)}"
 
 

@@ -172,8 +172,24 @@ def test_a_value_nested_too_deeply_to_record_equals_nothing():
     assert not records.same_data(records.data(nested(1)), records.data(nested(2)))
     assert not records.same_data(records.data(nested(1)), records.data(nested(1)))
     assert records.same_data(records.data(nested(1, 8)), records.data(nested(1, 8)))
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="too large to compare"):
         grading.assert_equal(nested(1), nested(2))
+
+
+def test_a_long_string_is_compared_whole_and_a_long_list_matches_nothing():
+    """Review 83: only the first 1,000 characters and 10,000 items were recorded, so values that
+    differ past them were equal."""
+    from mpcourse import records
+    text = "x" * 1000
+    assert not records.same_data(records.data(text + "a"), records.data(text + "b"))
+    assert records.same_data(records.data(text + "a"), records.data(text + "a"))
+    grading.assert_equal(text + "a", text + "a")
+    items = list(range(10_001))
+    assert not records.same_data(records.data(items), records.data(items[:-1] + [0]))
+    assert not records.same_data(records.data(items), records.data(items))  # too long to compare at all
+    assert records.same_data(records.data(items[:10_000]), records.data(items[:10_000]))
+    with pytest.raises(AssertionError, match="too large to compare"):
+        grading.assert_equal({i: 0 for i in items}, {i: 0 for i in items})
 
 
 def test_torchs_own_wrappers_are_not_tampering():
