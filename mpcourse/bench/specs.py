@@ -10,7 +10,7 @@ cycle: a ceiling no real program reaches. Two traps when reading one:
   FP16, BF16 and FP8 run on tensor cores, on matrix products only; everything else (LayerNorm,
   softmax, the optimizer) runs on the CUDA cores and is usually limited by memory bandwidth.
 
-- **Accumulation on GeForce cards.** A GeForce datasheet (RTX 4090, RTX 5090) headlines the
+- **Accumulation on GeForce cards.** A GeForce whitepaper (RTX 4090, RTX 5090) lists the
   tensor-core rate with FP16 accumulation, twice the rate with FP32 accumulation, which is what
   mixed-precision training uses (autocast and cuBLAS accumulate in FP32). The figures below are
   the FP32-accumulation rates; data-centre GPUs run both at the same rate.
@@ -173,7 +173,7 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
     GpuSpec("RTX 4090", r"geforce rtx 4090$", (8, 9), _peaks(82.6, 82.6, 165.2, 165.2, 330.3),
             1008.0, "NVIDIA Ada GPU architecture whitepaper (GeForce RTX 4090)",
             note="FP16 and FP8 with FP16 accumulation run twice as fast (330.3 and 660.6 dense): "
-                 "the datasheet headline; training accumulates in FP32", memory="24 GB GDDR6X"),
+                 "the whitepaper lists them beside these; training accumulates in FP32", memory="24 GB GDDR6X"),
     # NVIDIA RTX Blackwell GPU architecture whitepaper (GeForce RTX 5090): FP32 104.8; with FP32
     # accumulation TF32 104.8, FP16/BF16 209.5, FP8 419, FP4 1,676 (3,352* "AI TOPS") dense;
     # 1,792 GB/s GDDR7. Compute capability 12.0 (data-centre Blackwell is 10.0).
@@ -181,7 +181,7 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
             1792.0, "NVIDIA RTX Blackwell GPU architecture whitepaper (GeForce RTX 5090)",
             fp4_tflops=1676.0,
             note="FP16 and FP8 with FP16 accumulation run twice as fast (419 and 838 dense): "
-                 "the datasheet headline; training accumulates in FP32. The FP4 figure is twice "
+                 "the whitepaper lists them beside these; training accumulates in FP32. The FP4 figure is twice "
                  "the FP16-accumulation FP8 rate", memory="32 GB GDDR7"),
     # NVIDIA Blackwell datasheet, HGX B200 column, per GPU: FP4 18*, FP8/FP6 9*, FP16/BF16 4.5*,
     # TF32 2.2* PFLOPS, FP32 75 TFLOPS, 180 GB HBM3e at 7.7 TB/s. torch names it "NVIDIA B200".
