@@ -33,7 +33,6 @@ import importlib
 def _version() -> str:
     """The version in pyproject.toml: from the installed package's metadata, or, when the package is
     imported from a source tree without being installed, from that tree's pyproject.toml."""
-    from importlib import metadata
     from pathlib import Path
 
     pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
@@ -43,13 +42,14 @@ def _version() -> str:
         found = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.MULTILINE)
         if found:
             return found.group(1)
+    from importlib import metadata  # 0.1 s of imports: only where no source tree says it
+
     try:
         return metadata.version("mpcourse")
     except metadata.PackageNotFoundError:
         return "0+unknown"
 
 
-__version__ = _version()
 __all__ = ["bench", "claims", "communication", "debugging", "display", "doctor", "formats", "fp8", "numerics", "optim", "plotting", "preflight", "scaling", "stats", "training", "workloads"]
 
 
@@ -60,6 +60,9 @@ def __getattr__(name: str):
     as long as torch itself)."""
     if name in __all__:
         return importlib.import_module(f"mpcourse.{name}")  # which also sets the attribute
+    if name == "__version__":  # read when first asked: a sandbox's or a kernel's import does not pay for it
+        globals()["__version__"] = _version()
+        return globals()["__version__"]
     raise AttributeError(f"module 'mpcourse' has no attribute {name!r}")
 
 
