@@ -390,6 +390,21 @@ def test_a_part_that_withholds_something_the_library_lacks_is_refused_with_the_l
     assert withheld.declared_in('grading.start("Part 1", withheld=("mpcourse.fp8.quantize",))') == ["mpcourse.fp8.quantize"]
 
 
+def test_what_a_part_withholds_is_read_from_the_librarys_source_without_importing_it():
+    """withheld.resolve follows re-exports in the source (`mpcourse.fp8.quantize` is defined in
+    mpcourse/fp8/quantization.py) and imports nothing of the library: a `grade` process had imported
+    torch for it (1.8 s)."""
+    code = ("import sys\nfrom grader import withheld, notebooks\nfrom grader.course import ROOT, assignments\n"
+            "names = [n for a in assignments() for n in withheld.declared(notebooks.read_notebook("
+            "ROOT / 'solutions' / a / f'{a}.ipynb'))]\n"
+            "print(len(names), 'torch' in sys.modules, withheld.resolve('mpcourse.fp8.quantize')[1].name)")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    count, torch_imported, file = run.stdout.split()
+    assert int(count) >= 8 and torch_imported == "False" and file == "quantization.py", run.stderr[-2000:]
+    with pytest.raises(ValueError, match="is defined outside the course library"):
+        withheld.resolve("mpcourse.formats.Fraction")  # `from fractions import Fraction` in the module
+
+
 def test_grading_refuses_an_environment_that_holds_a_copy_of_the_whole_library(tmp_path, monkeypatch):
     """A non-editable install puts mpcourse/ in site-packages, which every sandbox shows: the
     student's sandbox could read there what its own copy withholds."""
