@@ -9,6 +9,9 @@ the machine changes, and nothing notices. Two ways keep it true:
 * **Check it** with :func:`claim` in the cell that computes the result, quoting the sentence. When
   the sentence stops holding, the cell raises :class:`ClaimFailed`, which fails the book build
   (``jupyter-book build -W``) and the notebook tests (nbval), and the message says which sentence.
+  Both set ``MPCOURSE_STRICT_CLAIMS=1``; without it (a reader running a chapter on a laptop, Colab)
+  a sentence that does not hold on that machine is printed with what it measured, and the notebook
+  goes on: another CPU's kernels round some results differently, and "Run all" should not stop.
 
 A number that came out is not yet an explanation. Three more disciplines keep the *reasons* true
 (the contributor notes in the README have a worked example of each):
@@ -33,11 +36,16 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import random
+import sys
 from dataclasses import dataclass
 
 __all__ = ["ClaimFailed", "Paired", "Spread", "beyond_noise", "claim", "paired_difference",
            "seed_spread", "sign_test"]
+
+
+STRICT = "MPCOURSE_STRICT_CLAIMS"  # "1": a sentence that does not hold raises (the build, the tests)
 
 
 class ClaimFailed(AssertionError):
@@ -57,7 +65,9 @@ def claim(sentence: str, holds, **measured) -> None:
             a failed build shows what the run measured instead of what the sentence says.
 
     Raises:
-        ClaimFailed: the sentence does not hold for this run (a subclass of ``AssertionError``).
+        ClaimFailed: the sentence does not hold for this run (a subclass of ``AssertionError``),
+            where ``MPCOURSE_STRICT_CLAIMS=1`` (the tests and the book build); elsewhere the
+            difference is printed on standard error instead.
     """
     if not isinstance(sentence, str) or not sentence.strip():
         raise TypeError("claim() needs the sentence it protects, as a non-empty string")
@@ -67,7 +77,11 @@ def claim(sentence: str, holds, **measured) -> None:
     if not bool(holds):
         values = ", ".join(f"{name}={value!r}" for name, value in measured.items())
         detail = f"this run measured: {values}" if values else "the check failed"
-        raise ClaimFailed(f'the book says "{sentence}", but {detail}')
+        if os.environ.get(STRICT) == "1":
+            raise ClaimFailed(f'the book says "{sentence}", but {detail}')
+        print(f'On this machine a sentence of the page does not hold: the book says "{sentence}", but {detail}. '
+              "The page's numbers come from the machine that built it; this one's kernels may round "
+              "differently.", file=sys.stderr)
 
 
 def _is_truth_value(value) -> bool:

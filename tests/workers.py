@@ -17,6 +17,7 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
 
 def pytest_configure(config):
+    os.environ["MPCOURSE_STRICT_CLAIMS"] = "1"  # a book sentence that does not hold fails (mpcourse/claims.py)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             os.environ[name] = "1"  # the programs tests start (notebook kernels, README examples' workers)

@@ -95,6 +95,7 @@ def main() -> int:
     # 6 s and 7 s with one (2026-11-30).
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(name, str(max(1, cores // max(1, args.jobs))))
+    os.environ["MPCOURSE_STRICT_CLAIMS"] = "1"  # a sentence that does not hold fails the build (mpcourse/claims.py)
     began = time.monotonic()
     executed, seconds, failed = {}, {}, []
     print(f"executing {len(notebooks)} notebooks, {args.jobs} at a time", flush=True)
