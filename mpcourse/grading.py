@@ -609,7 +609,8 @@ def assert_close(actual, expected, *, rtol: float = 1e-6, atol: float = 0.0, wha
 
 def assert_equal(actual, expected, *, what: str = "result"):
     """Assert `actual` is exactly `expected`: the same type (a tuple is not a list; an int and a
-    float of one value count as the same), value (NaN equals NaN), dtype, shape and device; for
+    float of one value count as the same), value (a float NaN equals a float NaN; a tensor's or
+    array's values compare by their bits, so NaNs of two signs differ), dtype, shape and device; for
     results such as a dtype, a shape, a count or a flag.
     Graded, it records `actual` as data (the grader has removed `expected` there)."""
     got = data(actual)
