@@ -48,6 +48,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import unicodedata
@@ -341,16 +342,19 @@ class MoodleCollector(LatestNotebookCollector):
 
 
 def members(download: Path):
-    """(name, size, open) of each file of the download, a zip or a folder (no link followed)."""
+    """(name, size, open, whether it is a link) of each file of the download, a zip or a folder (no
+    link followed; a zip's link is a member whose Unix mode says so, its target its content)."""
     if download.is_dir():
         for path in sorted(download.rglob("*")):
             if path.is_symlink() or path.is_file():
-                yield path.relative_to(download).as_posix(), path.lstat().st_size, lambda path=path: path.open("rb")
+                yield (path.relative_to(download).as_posix(), path.lstat().st_size, lambda path=path: path.open("rb"),
+                       path.is_symlink())
         return
     with zipfile.ZipFile(download) as archive:
         for info in archive.infolist():
             if not info.is_dir():
-                yield utf8_name(info), info.file_size, lambda info=info: archive.open(info)
+                yield (utf8_name(info), info.file_size, lambda info=info: archive.open(info),
+                       stat.S_ISLNK(info.external_attr >> 16))
 
 
 def utf8_name(info: zipfile.ZipInfo) -> str:
@@ -382,10 +386,10 @@ def unpack(download: Path, into: Path, parse=None) -> dict[str, str]:
     one's for its top folder). Returns {each file left out: why}: nothing in a student's upload can
     stop the others'."""
     skipped, read = {}, {}
-    for name, size, opened in members(download):
+    for name, size, opened, link in members(download):
         relative = PurePosixPath(name)
         why = ("its name points outside the download" if relative.is_absolute() or ".." in relative.parts
-               else "a link" if download.is_dir() and (download / name).is_symlink()
+               else "a link" if link  # in a zip too: collected, its target's path was graded as a notebook (red team 32)
                else "not a notebook (an archive is never opened)" if relative.suffix != ".ipynb"
                else f"larger than {NOTEBOOK_BYTES // 2**20} MiB" if size > NOTEBOOK_BYTES else None)
         info = (parse(Path(name)) if parse and why is None else None) or {}

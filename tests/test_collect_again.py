@@ -543,3 +543,22 @@ def test_a_file_damaged_in_the_download_is_skipped_and_named_and_the_others_are_
     skipped = collect.unpack(download, tmp_path / "into")
     assert list(skipped) == ["ann_1_2_ex.ipynb"] and "damaged in the download" in skipped["ann_1_2_ex.ipynb"]
     assert (tmp_path / "into" / "bob_3_4_ex.ipynb").read_text() == '{"cells": []}'
+
+
+def test_a_link_in_a_zip_download_is_skipped_as_a_link_not_collected_as_its_targets_path(tmp_path):
+    """Red team 32: a zip member whose Unix mode says link was written out as a file holding its
+    target's path, collected without a word, and graded as "not JSON" (0) at the next step."""
+    import stat
+    import zipfile
+    from grader import collect
+    download = tmp_path / "download.zip"
+    with zipfile.ZipFile(download, "w") as archive:
+        link = zipfile.ZipInfo("trent_777_1_ex.ipynb")
+        link.create_system = 3  # Unix
+        link.external_attr = (stat.S_IFLNK | 0o777) << 16
+        archive.writestr(link, "/srv/course/solutions/ex/ex.ipynb")
+        archive.writestr("bob_3_4_ex.ipynb", '{"cells": []}')
+    skipped = collect.unpack(download, tmp_path / "into")
+    assert skipped == {"trent_777_1_ex.ipynb": "a link"}, skipped
+    assert not (tmp_path / "into" / "trent_777_1_ex.ipynb").exists()
+    assert (tmp_path / "into" / "bob_3_4_ex.ipynb").read_text() == '{"cells": []}'
