@@ -80,8 +80,8 @@ def claim(sentence: str, holds, **measured) -> None:
         if os.environ.get(STRICT) == "1":
             raise ClaimFailed(f'the book says "{sentence}", but {detail}')
         print(f'On this machine a sentence of the page does not hold: the book says "{sentence}", but {detail}. '
-              "The page's numbers come from the machine that built it; this one's kernels may round "
-              "differently.", file=sys.stderr)
+              "The page was built on another machine: if this notebook is unchanged, this machine's "
+              "kernels round some results differently.", file=sys.stderr)
 
 
 def _is_truth_value(value) -> bool:

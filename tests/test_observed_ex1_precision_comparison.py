@@ -45,3 +45,23 @@ def test_an_answer_that_checks_no_input_fails_the_visible_tests_of_each_part_tha
         message = verdicts[f"{part}_tests"]["message"]
         assert not verdicts[f"{part}_tests"]["passed"] and "for this bad input" in message, (part, message)
     assert verdicts["p4_tests"]["passed"], "Part 4 asks for no input check"
+
+
+def test_an_honest_fit_computed_in_float32_keeps_part_3():
+    """Red team 32: a fit by np.linalg.lstsq on float32 logs (exponent 0.49999997 for 0.5) lost its
+    part at rtol=1e-9; the part grades the method, not the precision it was computed in, and an
+    answer off by 1e-4 still loses it (BROKEN above)."""
+    answer = '''def fit_power_law(sizes, errors):
+    n, e = np.asarray(sizes, dtype=np.float64), np.asarray(errors, dtype=np.float64)
+    if n.ndim != 1 or n.shape != e.shape or n.size < 2:
+        raise ValueError("two sequences of the same length, two points at least")
+    if not (np.all(np.isfinite(n)) and np.all(np.isfinite(e)) and np.all(n > 0) and np.all(e > 0)):
+        raise ValueError("finite and positive")
+    if np.all(n == n[0]):
+        raise ValueError("all sizes are equal")
+    x, y = np.log(n.astype(np.float32)), np.log(e.astype(np.float32))
+    (slope, intercept), *_ = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)
+    return float(slope), float(np.exp(intercept))
+'''
+    for visible in (True, False):
+        assert judged(EX, {"p3_solution": answer}, only="p3", visible=visible)["p3_tests"]["passed"]
