@@ -244,7 +244,11 @@ def test_own_work_sees_a_watcher_switched_off_and_restored():
                                   lambda x: torch.jit.script(_scripted_softmax)(x),  # TorchScript's interpreter
                                   # inside another operation: each target's probability is exp(-cross-entropy)
                                   lambda x: torch.exp(-torch.nn.functional.cross_entropy(
-                                      x.expand(3, 3), torch.arange(3), reduction="none"))])
+                                      x.expand(3, 3), torch.arange(3), reduction="none")),
+                                  # review 91: a nested-tensor operation whose kernel runs the softmax unseen
+                                  lambda x: torch._nested_tensor_softmax_with_shape(
+                                      x[None, None, None, :].expand(1, 1, 3, 3).clone(),
+                                      torch.nested.nested_tensor([x.new_zeros(3, 1)]))])
 def test_a_part_can_forbid_a_torch_function(call):
     grading.start("Part 9", forbidden=("softmax",))
     try:
