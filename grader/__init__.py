@@ -5,6 +5,7 @@ root: `python -m grader collect|grade|results|prepare|pack-feedback|export|relea
 A submission's path, one way through the package, and the side each module is on:
 
     collect        LMS downloads into submitted/                                   never runs student code
+    collectors     the plugins nbgrader's zip_collect runs for collect             never runs student code
     notebooks      the submission and the instructor's notebooks, read as JSON     never runs student code
     review_flags   answers to read by hand (parsed only)                           never runs student code
     student_copy   the student's copy of the tests: nothing computes an answer     never runs student code
@@ -32,6 +33,6 @@ of them runs student code. Each module's docstring says which side it is on.
 Of `grader`, only `hidden_tests.py` and `no_threads.py` run inside a sandbox, copied there alone
 (they import nothing else of `grader`, only `mpcourse`); a sandbox sees `mpcourse/`, never `grader/`. The package is not
 installed with `mpcourse` (pyproject.toml packages `mpcourse` only): students never get it.
-Nothing is imported here, so `nbgrader zip_collect --collector=grader.collect.CanvasCollector`
+Nothing is imported here, so `nbgrader zip_collect --collector=grader.collectors.CanvasCollector`
 loads only what it needs.
 """
