@@ -26,6 +26,7 @@ shift the inputs that follow it: the exercise's full solution would then fail it
 tests, which the course's tests grade.
 """
 import ast
+import functools
 import importlib
 from collections import Counter
 
@@ -222,7 +223,14 @@ def resolves_to(path: str) -> set[str]:
 
 def student_copy(test: str, names=(), withheld=()) -> str:
     """The test cell `test` as the student's sandbox runs it (see the module's doc). `names`: the
-    student's functions the cell may call; `withheld`: the library functions absent there."""
+    student's functions the cell may call; `withheld`: the library functions absent there.
+    Computed once per cell, names and withheld functions in this process: every student's job of a
+    part gets the same copy (a quarter of a second of walking the tree each, hundreds of students)."""
+    return _student_copy(test, frozenset(names), frozenset(withheld))
+
+
+@functools.lru_cache(maxsize=512)
+def _student_copy(test: str, names: frozenset, withheld: frozenset) -> str:
     with PARSING:
         tree = ast.parse(test)
         original = ast.parse(test)
