@@ -784,6 +784,20 @@ def test_collection_reads_the_download_once_however_many_files_a_submission_hold
     assert len(read) == 2 * len(names)  # each file's name read for itself and once for the index
 
 
+def test_collect_imports_no_nbgrader_and_the_guides_collector_names_still_resolve():
+    """Issue 52: `python -m grader collect` imported nbgrader (about a second of CPU a command) only
+    to subclass its plugin; the plugins live in grader/collectors.py, imported by zip_collect's own
+    process, and the instructor guide's `--collector=grader.collect.CanvasCollector` finds them."""
+    probe = ("import sys\nimport grader.collect\nprint('nbgrader' in sys.modules)\n"
+             "from grader import collect, collectors\n"
+             "print(collect.CanvasCollector is collectors.CanvasCollector, collect.MoodleCollector is collectors.MoodleCollector)")
+    said = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    assert said.returncode == 0, said.stderr[-2000:]
+    assert said.stdout.split() == ["False", "True", "True"], said.stdout
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        collect.Nothing  # noqa: B018
+
+
 @needs_sandbox
 def test_from_a_fresh_clone_to_returnable_feedback_as_the_guide_says(tmp_path):
     """The guide's path on a course whose gradebook never heard of the assignment: a Canvas
