@@ -42,7 +42,7 @@ import sys
 from dataclasses import dataclass
 
 __all__ = ["ClaimFailed", "Paired", "Spread", "beyond_noise", "claim", "paired_difference",
-           "seed_spread", "sign_test"]
+           "ratio_interval", "seed_spread", "sign_test"]
 
 
 STRICT = "MPCOURSE_STRICT_CLAIMS"  # "1": a sentence that does not hold raises (the build, the tests)
@@ -240,6 +240,44 @@ def paired_difference(run_a, run_b, seeds=(0, 1, 2, 3, 4), *, unit: str = "seeds
     if not isinstance(unit, str) or not unit:
         raise TypeError(f"unit names what the pairs are (e.g. \"batches\"), got {unit!r}")
     return Paired(seeds=seeds, a=a, b=b, differences=differences, mean=mean, sd=sd, t=t, p=p, unit=unit)
+
+
+def ratio_interval(top: Paired, bottom: Paired, level: float = 0.95) -> tuple[float, float] | None:
+    """The ``level`` confidence interval of ``top.mean / bottom.mean``, two paired differences
+    measured on the same seeds (what share of a gap one cause accounts for), by Fieller's method:
+    the noise of both means and their covariance carried, with Student's t at n - 1 degrees of
+    freedom. ``None`` when the interval is unbounded: ``bottom`` is not resolved from 0 at this
+    level, so no ratio can be bounded. (Dividing the two means and keeping ``top``'s interval alone
+    takes the denominator as exact and gives too narrow an interval.)
+
+    >>> gap = paired_difference([1.0, 1.2, 0.9, 1.1, 1.0], [0.0, 0.0, 0.0, 0.0, 0.0])
+    >>> part = paired_difference([0.5, 0.7, 0.4, 0.5, 0.6], [0.0, 0.0, 0.0, 0.0, 0.0])
+    >>> [round(end, 3) for end in ratio_interval(part, gap)]
+    [0.423, 0.604]
+    >>> ratio_interval(part, paired_difference([0.1, -0.1, 0.2, -0.2, 0.0], [0.0] * 5)) is None
+    True
+    """
+    if not (isinstance(top, Paired) and isinstance(bottom, Paired)):
+        raise TypeError("ratio_interval takes two paired_difference results, "
+                        f"got {type(top).__name__} and {type(bottom).__name__}")
+    if top.seeds != bottom.seeds:
+        raise ValueError(f"ratio_interval needs the two differences on the same seeds, got {top.seeds} and {bottom.seeds}")
+    if not 0 < level < 1:
+        raise ValueError(f"level is a probability between 0 and 1, not {level!r}")
+    from scipy.stats import t as student_t
+    n = len(top.differences)
+    t = float(student_t.ppf((1 + level) / 2, n - 1))
+    mt, mb = top.mean, bottom.mean
+    # variances and covariance of the two means (sample, n - 1), from the per-seed differences
+    s_tt = math.fsum((x - mt) ** 2 for x in top.differences) / (n - 1) / n
+    s_bb = math.fsum((y - mb) ** 2 for y in bottom.differences) / (n - 1) / n
+    s_tb = math.fsum((x - mt) * (y - mb) for x, y in zip(top.differences, bottom.differences)) / (n - 1) / n
+    # the ratios r with (mt - r mb)^2 <= t^2 (s_tt - 2 r s_tb + r^2 s_bb): a r^2 - 2 b r + c <= 0
+    a, b, c = mb * mb - t * t * s_bb, mt * mb - t * t * s_tb, mt * mt - t * t * s_tt
+    if a <= 0:
+        return None
+    root = math.sqrt(max(b * b - a * c, 0.0))
+    return ((b - root) / a, (b + root) / a)
 
 
 def sign_test(k: int, n: int) -> float:

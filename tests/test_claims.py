@@ -295,3 +295,58 @@ def test_sign_test_is_the_exact_two_sided_binomial_tail():
         sign_test(7, 6)
     with pytest.raises(TypeError):
         sign_test(2.0, 6)
+
+
+# --- a share of a gap: ratio_interval (Fieller) ---------------------------------------------------
+
+from mpcourse.claims import ratio_interval  # noqa: E402
+
+
+def test_a_ratio_known_exactly_has_no_width_whatever_the_noise():
+    """When the part's per-seed differences are exactly 0.3 times the gap's, the share is 0.3 on
+    every seed, however noisy each difference is: Fieller's interval collapses to 0.3."""
+    gap = [1.0, 2.5, 0.7, 1.9, 1.3]
+    whole = paired_difference(gap, [0.0] * 5)
+    part = paired_difference([0.3 * g for g in gap], [0.0] * 5)
+    low, high = ratio_interval(part, whole)
+    assert math.isclose(low, 0.3, abs_tol=1e-9) and math.isclose(high, 0.3, abs_tol=1e-9)
+
+
+def test_the_ratio_interval_covers_the_true_share_at_its_level_and_a_naive_one_does_not():
+    """Simulated paired experiments (5 seeds) with a true share of 40%: Fieller's 95% interval covers
+    0.4 about 95% of the time, with the part's noise independent of the gap's or shared with it;
+    dividing the part's t-interval by the gap's mean (the gap taken as exact) covers it far less
+    often when the gap is the noisier of the two. (An unbounded answer counts as a miss.)"""
+    rng = np.random.default_rng(2026)
+    seeds, trials = tuple(range(5)), 1000
+    for shared in (0.0, 0.5):  # how much of the gap's noise the part carries
+        covered, naive = 0, 0
+        for _ in range(trials):
+            noise = rng.normal(0, 1, size=(2, 5))
+            gap = 1.0 + 0.4 * noise[0]
+            part = 0.4 + 0.4 * shared * noise[0] + 0.05 * noise[1]
+            whole, share = paired_difference(list(gap), [0.0] * 5, seeds), paired_difference(list(part), [0.0] * 5, seeds)
+            interval = ratio_interval(share, whole)
+            covered += interval is not None and interval[0] <= 0.4 <= interval[1]
+            low, high = share.interval()
+            naive += low / whole.mean <= 0.4 <= high / whole.mean
+        assert 0.92 < covered / trials < 0.98, (shared, covered / trials)
+        if shared == 0.0:
+            assert naive / trials < 0.8, naive / trials
+
+
+def test_a_ratio_over_a_gap_that_noise_explains_is_unbounded():
+    whole = paired_difference([0.1, -0.1, 0.2, -0.2, 0.05], [0.0] * 5)
+    part = paired_difference([0.05, 0.0, 0.1, -0.1, 0.0], [0.0] * 5)
+    assert not whole.beyond_noise and ratio_interval(part, whole) is None
+
+
+def test_ratio_interval_refuses_differences_on_other_seeds_or_what_is_no_paired_result():
+    a = paired_difference([1.0, 2.0, 3.5], [0.9, 1.8, 3.45], seeds=(0, 1, 2))
+    b = paired_difference([1.0, 2.0, 3.5], [0.9, 1.8, 3.45], seeds=(7, 8, 9))
+    with pytest.raises(ValueError, match="same seeds"):
+        ratio_interval(a, b)
+    with pytest.raises(TypeError, match="paired_difference results"):
+        ratio_interval(a, 0.5)
+    with pytest.raises(ValueError, match="probability"):
+        ratio_interval(a, a, level=95)
