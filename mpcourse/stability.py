@@ -319,17 +319,23 @@ class AdamLowPrecisionStates(torch.optim.Optimizer):
 
 def train_lm(tokens: torch.Tensor, *, steps: int, lr: float, qk_norm: bool = False,
              z_weight: float = 0.0, cap: float | None = None, seed: int = 0,
-             batch_size: int = 16, context: int = 32, warmup: int = 0):
-    """One plain FP32 AdamW run (no weight decay) of `stable_tiny_transformer` on ``tokens``,
-    its initial weights and its batches drawn from ``seed``; QK-norm, a z-loss of weight
-    ``z_weight``, a soft cap at ``cap`` and a linear warm-up of the learning rate over the first
-    ``warmup`` steps (step t, from 0, at ``lr · min(1, (t + 1) / warmup)``) as asked.
+             batch_size: int = 16, context: int = 32, warmup: int = 0,
+             autocast: torch.dtype | None = None):
+    """One plain AdamW run (no weight decay, FP32 weights) of `stable_tiny_transformer` on
+    ``tokens``, its initial weights and its batches drawn from ``seed``; QK-norm, a z-loss of
+    weight ``z_weight``, a soft cap at ``cap`` and a linear warm-up of the learning rate over the
+    first ``warmup`` steps (step t, from 0, at ``lr · min(1, (t + 1) / warmup)``) as asked.
+    ``autocast``: None computes in FP32; ``torch.bfloat16`` (or ``torch.float16``) runs the forward
+    pass under ``torch.autocast`` with that dtype, the course's mixed-precision recipe (the loss,
+    z-loss and soft cap on the logits cast to FP32; no loss scaling).
 
     Returns ``(model, history)``: per step the loss (without the z-loss), the largest attention
     logit of any block, the mean log Z and the largest ``|logit|`` (after the cap).
     """
     from mpcourse.workloads import lm_batch
 
+    if autocast not in (None, torch.bfloat16, torch.float16):
+        raise ValueError(f"autocast is None (FP32), torch.bfloat16 or torch.float16, not {autocast!r}")
     torch.manual_seed(seed)
     model = stable_tiny_transformer(qk_norm=qk_norm).to(tokens.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -339,7 +345,9 @@ def train_lm(tokens: torch.Tensor, *, steps: int, lr: float, qk_norm: bool = Fal
         for group in optimizer.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / warmup) if warmup else lr
         x, y = lm_batch(tokens, batch_size, context, generator=generator)
-        logits = model(x)
+        with torch.autocast(tokens.device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            logits = model(x)
+        logits = logits.float()
         if cap is not None:
             logits = soft_cap(logits, cap)
         loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
