@@ -16,7 +16,7 @@ and ``v`` + master weights)::
     mixed precision, FP16/BF16 gradients       2 + 2 + 4 + 4 + 4 = 16
     mixed precision, FP32 gradients (here)     2 + 4 + 4 + 4 + 4 = 18
 
-The popular "mixed precision saves 25% of memory" forgets the master copy: per parameter it saves
+The "mixed precision saves 25% of memory" that the claims ledger quotes forgets the master copy: per parameter it saves
 nothing. The savings are in the activations kept for backward, and the speed in FP16/BF16 matrix
 multiplies. A model converted to FP16/BF16 saves every activation in 2 bytes, half of FP32;
 autocast saves only the tensors of the operations it casts in 16 bits and keeps the rest (the
@@ -379,8 +379,8 @@ def training_state(model: torch.nn.Module, optimizer) -> dict[str, list[torch.Te
     - ``"master weights"``: parameters the optimizer updates that are not the model's (FP32 copies);
     - ``"optimizer state"``: every tensor in ``optimizer.state`` (AdamW: two moments and a step).
 
-    A memory bill counted from these tensors cannot forget a copy, as the popular "25% saving"
-    does with the master weights::
+    A memory bill counted from these tensors cannot forget a copy, as the "25% saving" that the
+    book's claims ledger quotes does with the master weights::
 
         sum(t.numel() * t.element_size() for ts in training_state(model, opt).values() for t in ts)
     """
