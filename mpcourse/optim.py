@@ -16,9 +16,9 @@ and ``v`` + master weights)::
     mixed precision, FP16/BF16 gradients       2 + 2 + 4 + 4 + 4 = 16
     mixed precision, FP32 gradients (here)     2 + 4 + 4 + 4 + 4 = 18
 
-The "mixed precision saves 25% of memory" that the claims ledger quotes forgets the master copy: per parameter it saves
-nothing. The savings are in the activations kept for backward, and the speed in FP16/BF16 matrix
-multiplies. A model converted to FP16/BF16 saves every activation in 2 bytes, half of FP32;
+The "mixed precision saves 25% of memory" that the book's claims ledger quotes forgets the master
+copy: per parameter it saves nothing. The savings are in the activations kept for backward, and
+the speed in FP16/BF16 matrix multiplies. A model converted to FP16/BF16 saves every activation in 2 bytes, half of FP32;
 autocast saves only the tensors of the operations it casts in 16 bits and keeps the rest (the
 residual stream, the inputs of FP32-listed operations) in FP32, so it saves less than half: the
 chapter on mixed-precision training measures how much, on a small transformer.

@@ -281,20 +281,14 @@ def test_train_lm_warms_the_learning_rate_up_linearly():
     assert warm == half != full  # the second loss is the first step's result
 
 
-def test_train_lm_under_bf16_autocast_runs_the_forward_pass_in_bf16_and_keeps_fp32_weights():
+def test_train_lm_under_bf16_autocast_rounds_the_forward_pass_and_keeps_fp32_weights():
     torch.set_num_threads(1)
     tokens = encode_text(addition_corpus(200))
-    fp32_model, fp32 = stability.train_lm(tokens, steps=2, lr=3e-3)
+    _, fp32 = stability.train_lm(tokens, steps=2, lr=3e-3)
     model, bf16 = stability.train_lm(tokens, steps=2, lr=3e-3, autocast=torch.bfloat16)
     # the same weights and batch at step 1: the losses differ by the forward pass's rounding only
     assert bf16["loss"][0] != fp32["loss"][0] and abs(bf16["loss"][0] - fp32["loss"][0]) < 0.05
     assert {p.dtype for p in model.parameters()} == {torch.float32}
-    seen = []
-    hook = model.blocks[0].attention.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        model(tokens[:32].reshape(1, -1))
-    hook.remove()
-    assert seen == [torch.bfloat16]  # what the run's forward pass computed in
     with pytest.raises(ValueError, match="autocast is None"):
         stability.train_lm(tokens, steps=1, lr=3e-3, autocast=torch.float64)
 
